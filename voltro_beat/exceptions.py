@@ -1,0 +1,30 @@
+"""The errors voltro_beat raises. Everything derives from :class:`VoltroBeatError`."""
+
+from __future__ import annotations
+
+
+class VoltroBeatError(Exception):
+    """Base class of every error raised by voltro_beat."""
+
+
+class ConfigurationError(VoltroBeatError):
+    """A schedule entry or a setting is invalid.
+
+    ``entry`` names the ``beat_schedule`` entry (or ``None`` for a global setting) and
+    ``field`` the offending field or setting, so the message points at the line to fix.
+    """
+
+    def __init__(self, message: str, *, entry: str | None = None, field: str | None = None):
+        self.entry = entry
+        self.field = field
+        where = []
+        if entry is not None:
+            where.append(f"schedule {entry!r}")
+        if field is not None:
+            where.append(f"field {field!r}")
+        prefix = ", ".join(where)
+        super().__init__(f"{prefix}: {message}" if prefix else message)
+
+
+class StoreError(VoltroBeatError):
+    """The store (database) failed; the driver's error is chained as ``__cause__``."""

@@ -1,0 +1,531 @@
+"""The store: the only module that runs SQL.
+
+Two implementations of one contract:
+
+* :class:`SqlStore` (PostgreSQL through psycopg 3, or SQLite) -- claims and runs tables, one
+  transaction per batch, dialect differences kept here;
+* :class:`MemoryStore` (``memory://``) -- one process only, for tests and trying things out.
+
+Every driver error is wrapped in :class:`~voltro_beat.exceptions.StoreError` here and nowhere
+else.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+
+from voltro_beat.exceptions import ConfigurationError, StoreError
+from voltro_beat.tables import claims, runs
+
+logger = logging.getLogger(__name__)
+
+#: Rows per statement on SQLite, which caps bound parameters per statement.
+SQLITE_CHUNK = 2000
+#: Random 64-bit key of the PostgreSQL advisory lock that serialises schema upgrades.
+MIGRATION_LOCK = 0x766F6C74726F6D67
+
+
+@dataclass(frozen=True, slots=True)
+class Occurrence:
+    """One occurrence a replica wants recorded: its key, what it runs and its first status.
+
+    ``status`` is ``claimed`` for an occurrence to publish, or ``missed`` / ``skipped`` /
+    ``queued`` for one that is recorded without publishing (``reason`` says why).
+    ``prune_before`` asks the winner to delete this schedule's claims older than that instant.
+    """
+
+    key: str
+    schedule: str
+    task: str
+    task_id: str
+    scheduled_at: datetime
+    status: str = "claimed"
+    reason: str | None = None
+    prune_before: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRun:
+    """A ``claimed`` run row whose publish was never confirmed, re-leased to this replica."""
+
+    key: str
+    schedule: str
+    task_id: str
+    scheduled_at: datetime
+
+
+class Store(Protocol):
+    """What the scheduler needs from a store."""
+
+    @property
+    def display_url(self) -> str: ...
+
+    @property
+    def shared(self) -> bool:
+        """True if several processes can coordinate through this store."""
+        ...
+
+    def upgrade(self) -> None: ...
+
+    def claim(
+        self, occurrences: Sequence[Occurrence], *, outcome: str, gate: bool, now: datetime
+    ) -> set[str]:
+        """Record ``occurrences``; return the keys this replica won.
+
+        With ``gate`` the key first goes through the claims table (invariant 2); either way
+        the run row's primary key is the last fence (invariant 4). Claims and run rows are one
+        transaction (invariant 3).
+        """
+        ...
+
+    def mark_published(self, keys: Iterable[str], *, now: datetime) -> None: ...
+
+    def mark_missed(self, keys: Iterable[str], *, reason: str) -> None: ...
+
+    def release_stale(self, *, before: datetime, now: datetime, limit: int) -> list[PendingRun]:
+        """Take over ``claimed`` rows untouched since ``before`` (crashed or failed publishes)."""
+        ...
+
+    def last_scheduled(self, schedules: Sequence[str]) -> dict[str, datetime]: ...
+
+    def sweep(self, *, claims_before: datetime, runs_before: datetime) -> tuple[int, int]: ...
+
+    def close(self) -> None: ...
+
+
+def hide_password(url: str) -> str:
+    """``url`` as safe to log: the password replaced with ``***``."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparsable store URL>"
+
+
+def open_store(url: str, *, replica: str) -> Store:
+    """Build the store for ``url`` without connecting (connections open on first use).
+
+    Raises :class:`ConfigurationError` naming ``voltro_beat_store_url`` for a URL that cannot
+    work: unparsable, an unknown dialect or driver, or a dialect voltro_beat does not support.
+    """
+    if url.strip() == "memory://":
+        return MemoryStore(replica=replica)
+    setting = "voltro_beat_store_url"
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigurationError(f"cannot parse store URL: {exc}", field=setting) from None
+    backend = parsed.get_backend_name()
+    if backend == "postgresql" and parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if backend not in ("postgresql", "sqlite"):
+        raise ConfigurationError(
+            f"unsupported store {hide_password(url)!r}: use postgresql+psycopg://..., "
+            "sqlite:///path or memory://",
+            field=setting,
+        )
+    try:
+        return SqlStore(parsed, replica=replica)
+    except (NoSuchModuleError, ImportError, ArgumentError) as exc:
+        raise ConfigurationError(
+            f"cannot load the driver for {hide_password(url)!r}: {exc}", field=setting
+        ) from None
+
+
+class SqlStore:
+    """Claims and runs in PostgreSQL or SQLite through SQLAlchemy Core."""
+
+    shared = True
+
+    def __init__(self, url: URL, *, replica: str) -> None:
+        self.replica = replica
+        self.dialect = url.get_backend_name()
+        self.display_url = url.render_as_string(hide_password=True)
+        if self.dialect == "postgresql":
+            self.engine = sa.create_engine(
+                url,
+                pool_pre_ping=True,
+                pool_size=2,
+                max_overflow=2,
+                connect_args={"connect_timeout": 5, "application_name": "voltro_beat"},
+            )
+        else:
+            self.engine = sa.create_engine(url, pool_pre_ping=True)
+            _configure_sqlite(self.engine)
+
+    # -- schema ------------------------------------------------------------------------
+
+    def upgrade(self) -> None:
+        """Bring the schema to the newest migration; safe when replicas boot together."""
+        from voltro_beat.migrations.runner import upgrade
+
+        with self._connect() as conn, conn.begin():
+            if self.dialect == "postgresql":
+                # Transaction-scoped, so a crash mid-upgrade cannot leave the lock held.
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
+            upgrade(conn)
+
+    # -- claim path --------------------------------------------------------------------
+
+    def claim(
+        self, occurrences: Sequence[Occurrence], *, outcome: str, gate: bool, now: datetime
+    ) -> set[str]:
+        if not occurrences:
+            return set()
+        if self.dialect == "postgresql":
+            return self._claim_postgresql(occurrences, outcome=outcome, gate=gate, now=now)
+        return self._claim_sqlite(occurrences, outcome=outcome, gate=gate, now=now)
+
+    def _claim_postgresql(
+        self, occurrences: Sequence[Occurrence], *, outcome: str, gate: bool, now: datetime
+    ) -> set[str]:
+        # One statement, one round trip whatever the batch size: unnest() keeps the number
+        # of bound parameters constant, data-modifying CTEs make claims + runs + pruning one
+        # atomic statement, and autocommit saves the separate COMMIT.
+        params = {
+            "ids": [o.key for o in occurrences],
+            "schedules": [o.schedule for o in occurrences],
+            "tasks": [o.task for o in occurrences],
+            "task_ids": [o.task_id for o in occurrences],
+            "ats": [o.scheduled_at for o in occurrences],
+            "statuses": [o.status for o in occurrences],
+            "reasons": [o.reason for o in occurrences],
+            "prunes": [o.prune_before for o in occurrences],
+            "now": now,
+            "replica": self.replica,
+            "outcome": outcome,
+        }
+        sql = _PG_CLAIM if gate else _PG_RECORD
+        with self._connect(autocommit=True) as conn:
+            return {row[0] for row in conn.execute(sa.text(sql), params)}
+
+    def _claim_sqlite(
+        self, occurrences: Sequence[Occurrence], *, outcome: str, gate: bool, now: datetime
+    ) -> set[str]:
+        won: set[str] = set()
+        with self._connect() as conn, conn.begin():
+            for chunk in _chunks(occurrences, SQLITE_CHUNK):
+                if gate:
+                    rows = [
+                        {
+                            "id": o.key,
+                            "schedule": o.schedule,
+                            "scheduled_at": o.scheduled_at,
+                            "claimed_at": now,
+                            "replica": self.replica,
+                        }
+                        for o in chunk
+                    ]
+                    stmt = (
+                        sqlite_insert(claims)
+                        .values(rows)
+                        .on_conflict_do_nothing()
+                        .returning(claims.c.id)
+                    )
+                    gated = {row[0] for row in conn.execute(stmt)}
+                    chunk = [o for o in chunk if o.key in gated]
+                    if not chunk:
+                        continue
+                stmt = (
+                    sqlite_insert(runs)
+                    .values([_run_row(o, outcome, self.replica, now) for o in chunk])
+                    .on_conflict_do_nothing()
+                    .returning(runs.c.id)
+                )
+                recorded = {row[0] for row in conn.execute(stmt)}
+                won |= recorded
+                prunes = [
+                    {"s": o.schedule, "b": o.prune_before}
+                    for o in chunk
+                    if o.key in recorded and o.prune_before is not None
+                ]
+                if gate and prunes:
+                    conn.execute(
+                        sa.delete(claims).where(
+                            claims.c.schedule == sa.bindparam("s"),
+                            claims.c.scheduled_at
+                            < sa.bindparam("b", type_=claims.c.claimed_at.type),
+                        ),
+                        prunes,
+                    )
+        return won
+
+    def mark_published(self, keys: Iterable[str], *, now: datetime) -> None:
+        keys = list(keys)
+        if not keys:
+            return
+        # The worker may already have moved the row on (started, even succeeded): keep its
+        # status and only stamp the publish time.
+        stmt = (
+            sa.update(runs)
+            .where(runs.c.id.in_(sa.bindparam("keys", expanding=True)))
+            .values(
+                published_at=now,
+                status=sa.case((runs.c.status == "claimed", "published"), else_=runs.c.status),
+            )
+        )
+        self._write_in_chunks(stmt, keys)
+
+    def mark_missed(self, keys: Iterable[str], *, reason: str) -> None:
+        keys = list(keys)
+        if not keys:
+            return
+        stmt = (
+            sa.update(runs)
+            .where(
+                runs.c.id.in_(sa.bindparam("keys", expanding=True)),
+                runs.c.status == "claimed",
+            )
+            .values(status="missed", reason=reason)
+        )
+        self._write_in_chunks(stmt, keys)
+
+    def _write_in_chunks(self, stmt: sa.Executable, keys: list[str]) -> None:
+        with self._connect() as conn, conn.begin():
+            for chunk in _chunks(keys, SQLITE_CHUNK):
+                conn.execute(stmt, {"keys": chunk})
+
+    def release_stale(self, *, before: datetime, now: datetime, limit: int) -> list[PendingRun]:
+        # A conditional update is the lease: of several replicas sweeping at once, exactly
+        # one gets each row back (SKIP LOCKED on PostgreSQL; SQLite serialises writers).
+        stale = (
+            sa.select(runs.c.id)
+            .where(runs.c.status == "claimed", runs.c.claimed_at < before)
+            .order_by(runs.c.claimed_at)
+            .limit(limit)
+        )
+        if self.dialect == "postgresql":
+            stale = stale.with_for_update(skip_locked=True)
+        stmt = (
+            sa.update(runs)
+            .where(runs.c.id.in_(stale.scalar_subquery()), runs.c.status == "claimed")
+            .values(claimed_at=now, replica=self.replica)
+            .returning(runs.c.id, runs.c.schedule, runs.c.task_id, runs.c.scheduled_at)
+        )
+        with self._connect() as conn, conn.begin():
+            return [PendingRun(*row) for row in conn.execute(stmt)]
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def last_scheduled(self, schedules: Sequence[str]) -> dict[str, datetime]:
+        """The newest recorded occurrence of each schedule that has any history."""
+        found: dict[str, datetime] = {}
+        stmt = (
+            sa.select(runs.c.schedule, sa.func.max(runs.c.scheduled_at))
+            .where(runs.c.schedule.in_(sa.bindparam("names", expanding=True)))
+            .group_by(runs.c.schedule)
+        )
+        with self._connect() as conn:
+            for chunk in _chunks(list(schedules), SQLITE_CHUNK):
+                found.update((name, at) for name, at in conn.execute(stmt, {"names": chunk}))
+        return found
+
+    # -- retention -----------------------------------------------------------------------
+
+    def sweep(self, *, claims_before: datetime, runs_before: datetime) -> tuple[int, int]:
+        """Delete claims and finished runs older than the cut-offs; ``queued`` rows stay."""
+        with self._connect() as conn, conn.begin():
+            gone_claims = conn.execute(
+                sa.delete(claims).where(claims.c.claimed_at < claims_before)
+            ).rowcount
+            gone_runs = conn.execute(
+                sa.delete(runs).where(runs.c.scheduled_at < runs_before, runs.c.status != "queued")
+            ).rowcount
+        return gone_claims, gone_runs
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    @contextmanager
+    def _connect(self, *, autocommit: bool = False) -> Iterator[Connection]:
+        engine = self.engine
+        try:
+            with engine.connect() as conn:
+                if autocommit:
+                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                yield conn
+        except SQLAlchemyError as exc:
+            raise StoreError(f"store {self.display_url}: {_first_line(exc)}") from exc
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    """WAL, a busy timeout, and ``BEGIN IMMEDIATE`` so that writers queue instead of failing."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy's begin event emit BEGIN itself (pysqlite's own handling defers it).
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _run_row(o: Occurrence, outcome: str, replica: str, now: datetime) -> dict[str, Any]:
+    return {
+        "id": o.key,
+        "schedule": o.schedule,
+        "task": o.task,
+        "task_id": o.task_id,
+        "scheduled_at": o.scheduled_at,
+        "coordination_outcome": outcome,
+        "status": o.status,
+        "reason": o.reason,
+        "replica": replica,
+        "claimed_at": now,
+    }
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+
+
+_PG_INPUT = """
+WITH input AS (
+    SELECT * FROM unnest(
+        CAST(:ids AS text[]), CAST(:schedules AS text[]), CAST(:tasks AS text[]),
+        CAST(:task_ids AS text[]), CAST(:ats AS timestamptz[]), CAST(:statuses AS text[]),
+        CAST(:reasons AS text[]), CAST(:prunes AS timestamptz[])
+    ) AS t(id, schedule, task, task_id, scheduled_at, status, reason, prune_before)
+)"""
+
+_PG_RUNS_INSERT = """
+    INSERT INTO _voltro_schedule_runs
+        (id, schedule, task, task_id, scheduled_at, coordination_outcome, status, reason,
+         replica, claimed_at)
+    SELECT i.id, i.schedule, i.task, i.task_id, i.scheduled_at, :outcome, i.status, i.reason,
+           :replica, :now
+    FROM input i {join}
+    ON CONFLICT DO NOTHING
+    RETURNING id"""
+
+_PG_CLAIM = (
+    _PG_INPUT
+    + """,
+gated AS (
+    INSERT INTO _voltro_schedule_claims (id, schedule, scheduled_at, claimed_at, replica)
+    SELECT id, schedule, scheduled_at, :now, :replica FROM input
+    ON CONFLICT DO NOTHING
+    RETURNING id
+),
+recorded AS ("""
+    + _PG_RUNS_INSERT.format(join="JOIN gated g ON g.id = i.id")
+    + """
+),
+pruned AS (
+    DELETE FROM _voltro_schedule_claims c
+    USING recorded r JOIN input i ON i.id = r.id
+    WHERE c.schedule = i.schedule AND c.scheduled_at < i.prune_before
+)
+SELECT id FROM recorded"""
+)
+
+_PG_RECORD = (
+    _PG_INPUT
+    + """,
+recorded AS ("""
+    + _PG_RUNS_INSERT.format(join="")
+    + """
+)
+SELECT id FROM recorded"""
+)
+
+
+class MemoryStore:
+    """The store contract in one process's memory: nothing is shared or kept."""
+
+    shared = False
+    display_url = "memory://"
+
+    def __init__(self, *, replica: str) -> None:
+        self.replica = replica
+        self._lock = threading.Lock()
+        self.runs: dict[str, dict[str, Any]] = {}
+
+    def upgrade(self) -> None:
+        pass
+
+    def claim(
+        self, occurrences: Sequence[Occurrence], *, outcome: str, gate: bool, now: datetime
+    ) -> set[str]:
+        won = set()
+        with self._lock:
+            for o in occurrences:
+                if o.key not in self.runs:
+                    self.runs[o.key] = _run_row(o, outcome, self.replica, now)
+                    won.add(o.key)
+        return won
+
+    def mark_published(self, keys: Iterable[str], *, now: datetime) -> None:
+        with self._lock:
+            for key in keys:
+                row = self.runs[key]
+                row["published_at"] = now
+                if row["status"] == "claimed":
+                    row["status"] = "published"
+
+    def mark_missed(self, keys: Iterable[str], *, reason: str) -> None:
+        with self._lock:
+            for key in keys:
+                if self.runs[key]["status"] == "claimed":
+                    self.runs[key].update(status="missed", reason=reason)
+
+    def release_stale(self, *, before: datetime, now: datetime, limit: int) -> list[PendingRun]:
+        with self._lock:
+            stale = [
+                r
+                for r in self.runs.values()
+                if r["status"] == "claimed" and r["claimed_at"] < before
+            ][:limit]
+            for row in stale:
+                row["claimed_at"] = now
+            return [
+                PendingRun(r["id"], r["schedule"], r["task_id"], r["scheduled_at"]) for r in stale
+            ]
+
+    def last_scheduled(self, schedules: Sequence[str]) -> dict[str, datetime]:
+        wanted = set(schedules)
+        found: dict[str, datetime] = {}
+        with self._lock:
+            for row in self.runs.values():
+                name = row["schedule"]
+                if name in wanted and (name not in found or row["scheduled_at"] > found[name]):
+                    found[name] = row["scheduled_at"]
+        return found
+
+    def sweep(self, *, claims_before: datetime, runs_before: datetime) -> tuple[int, int]:
+        with self._lock:
+            old = [
+                k
+                for k, r in self.runs.items()
+                if r["scheduled_at"] < runs_before and r["status"] != "queued"
+            ]
+            for key in old:
+                del self.runs[key]
+        return 0, len(old)
+
+    def close(self) -> None:
+        pass

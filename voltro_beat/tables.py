@@ -1,0 +1,122 @@
+"""The two tables voltro_beat owns, as SQLAlchemy Core metadata.
+
+``_voltro_schedule_claims`` is the short fence (pruned fast); ``_voltro_schedule_runs`` is the
+run ledger and the long fence: both are keyed by the occurrence key. The schema itself is
+created by the Alembic migrations in :mod:`voltro_beat.migrations`; this module describes it
+for the queries and must match the latest migration (a test compares them).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Dialect,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.types import TypeDecorator
+
+CLAIMS = "_voltro_schedule_claims"
+RUNS = "_voltro_schedule_runs"
+VERSION_TABLE = "_voltro_beat_alembic_version"
+
+#: Every status a run row can hold. ``queued`` waits behind a running predecessor.
+STATUSES = (
+    "claimed",
+    "published",
+    "started",
+    "retrying",
+    "succeeded",
+    "failed",
+    "revoked",
+    "rejected",
+    "missed",
+    "skipped",
+    "queued",
+)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """An aware UTC instant on every dialect.
+
+    PostgreSQL stores ``timestamptz``; SQLite has no time zone type, so instants are stored as
+    naive UTC text (which still sorts correctly) and made aware again on the way out.
+    Naive datetimes are refused on the way in (invariant 8).
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if not isinstance(value, datetime) or value.tzinfo is None:
+            raise ValueError(f"voltro_beat stores aware datetimes only, got {value!r}")
+        value = value.astimezone(UTC)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+metadata = MetaData()
+
+claims = Table(
+    CLAIMS,
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("schedule", Text, nullable=False),
+    Column("scheduled_at", UTCDateTime, nullable=False),
+    Column("claimed_at", UTCDateTime, nullable=False),
+    Column("replica", Text, nullable=False),
+    Index("ix_voltro_claims_schedule_at", "schedule", "scheduled_at"),
+)
+
+runs = Table(
+    RUNS,
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("schedule", Text, nullable=False),
+    Column("task", Text, nullable=False),
+    Column("task_id", Text, nullable=False),
+    Column("scheduled_at", UTCDateTime, nullable=False),
+    Column("coordination_outcome", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    # Why a run is missed or skipped (late, store_down, publish_failed, catch_up, overlap).
+    Column("reason", Text),
+    Column("replica", Text),
+    Column("worker", Text),
+    Column("claimed_at", UTCDateTime),
+    Column("published_at", UTCDateTime),
+    Column("started_at", UTCDateTime),
+    Column("finished_at", UTCDateTime),
+    Column("duration", Float),
+    Column("retries", Integer, nullable=False, server_default=text("0")),
+    Column("error", Text),
+    Index("ix_voltro_runs_schedule_at", "schedule", "scheduled_at"),
+    Index("ix_voltro_runs_scheduled_at", "scheduled_at"),
+    Index("ix_voltro_runs_task_id", "task_id"),
+    # Small partial index: the recovery sweep looks for rows still waiting to be published.
+    Index(
+        "ix_voltro_runs_pending",
+        "status",
+        "claimed_at",
+        postgresql_where=text("status IN ('claimed', 'queued')"),
+        sqlite_where=text("status IN ('claimed', 'queued')"),
+    ),
+)
