@@ -1,1 +1,1 @@
-"""Alembic migrations of voltro_beat's own tables (version table ``_voltro_beat_alembic_version``)."""
+"""Alembic migrations of voltro_beat's own tables (version table in tables.VERSION_TABLE)."""

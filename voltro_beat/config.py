@@ -1,0 +1,177 @@
+"""Settings: ``voltro_beat_*`` keys of the Celery config, parsed once into a frozen dataclass.
+
+Each setting is read from the app's config first, then from its environment variable, then
+falls back to its default. Bad values raise :class:`ConfigurationError` naming the setting.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from voltro_beat.exceptions import ConfigurationError
+
+T = TypeVar("T")
+
+#: The embedded default: a SQLite file next to where beat runs.
+DEFAULT_STORE_URL = "sqlite:///voltro-beat.sqlite3"
+
+COORDINATIONS = ("single", "advisory_lock", "cluster")
+#: Spellings from the spec this project implements, accepted in settings.
+COORDINATION_ALIASES = {"advisoryLock": "advisory_lock", "wonLock": "advisory_lock"}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything voltro_beat reads from the Celery config and the environment."""
+
+    store_url: str
+    coordination: str
+    max_lateness: timedelta
+    replica: str
+    claims_ttl: timedelta
+    runs_ttl: timedelta
+    migrate: bool
+    #: A ``claimed`` run row untouched this long is taken over and republished.
+    publish_timeout: timedelta
+    #: Skip the task body when its occurrence already succeeded (worker side).
+    duplicate_guard: bool
+    #: The app's ``timezone`` (None: UTC), the default for every entry.
+    timezone: str | None
+
+    @classmethod
+    def from_config(
+        cls, conf: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    ) -> Settings:
+        env = os.environ if environ is None else environ
+
+        def get(key: str, env_key: str | None, default: T, parse: Callable[[str, Any], T]) -> T:
+            value = conf.get(key)
+            if value is None and env_key is not None:
+                value = env.get(env_key)
+            if value is None:
+                return default
+            return parse(key, value)
+
+        settings = cls(
+            store_url=get(
+                "voltro_beat_store_url", "VOLTRO_BEAT_STORE_URL", DEFAULT_STORE_URL, _text
+            ),
+            coordination=get(
+                "voltro_beat_coordination",
+                "VOLTRO_BEAT_COORDINATION",
+                "advisory_lock",
+                _coordination,
+            ),
+            max_lateness=get(
+                "voltro_beat_max_lateness",
+                "VOLTRO_BEAT_MAX_LATENESS",
+                timedelta(days=1),
+                _duration,
+            ),
+            replica=get(
+                "voltro_beat_replica",
+                "VOLTRO_BEAT_REPLICA",
+                f"{socket.gethostname()}:{os.getpid()}",
+                _text,
+            ),
+            claims_ttl=get(
+                "voltro_beat_claims_ttl_hours",
+                "VOLTRO_SCHEDULE_CLAIMS_TTL_HOURS",
+                timedelta(hours=24),
+                _hours,
+            ),
+            runs_ttl=get(
+                "voltro_beat_runs_ttl_hours",
+                "VOLTRO_SCHEDULE_RUNS_TTL_HOURS",
+                timedelta(days=7),
+                _hours,
+            ),
+            migrate=get("voltro_beat_migrate", "VOLTRO_BEAT_MIGRATE", True, _flag),
+            publish_timeout=get(
+                "voltro_beat_publish_timeout",
+                "VOLTRO_BEAT_PUBLISH_TIMEOUT",
+                timedelta(seconds=10),
+                _duration,
+            ),
+            duplicate_guard=get(
+                "voltro_beat_duplicate_guard", "VOLTRO_BEAT_DUPLICATE_GUARD", True, _flag
+            ),
+            timezone=_timezone(conf.get("timezone")),
+        )
+        if settings.runs_ttl <= settings.max_lateness:
+            # The run row is the long fence (invariant 6): it must outlive every occurrence
+            # that could still be published.
+            raise ConfigurationError(
+                f"the runs retention ({settings.runs_ttl}) must be longer than "
+                f"voltro_beat_max_lateness ({settings.max_lateness})",
+                field="voltro_beat_runs_ttl_hours",
+            )
+        return settings
+
+
+def _text(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(f"expected a non-empty string, got {value!r}", field=key)
+    return value.strip()
+
+
+def _coordination(key: str, value: Any) -> str:
+    name = COORDINATION_ALIASES.get(value, value)
+    if name == "cluster":
+        raise ConfigurationError(
+            "coordination 'cluster' is not available yet; use 'advisory_lock' or 'single'",
+            field=key,
+        )
+    if name not in COORDINATIONS:
+        raise ConfigurationError(
+            f"unknown coordination {value!r}; expected one of 'advisory_lock', 'single'",
+            field=key,
+        )
+    return str(name)
+
+
+def _duration(key: str, value: Any) -> timedelta:
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    else:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise ConfigurationError(
+                f"expected seconds or a timedelta, got {value!r}", field=key
+            ) from None
+    if seconds <= 0:
+        raise ConfigurationError(f"must be positive, got {value!r}", field=key)
+    return timedelta(seconds=seconds)
+
+
+def _hours(key: str, value: Any) -> timedelta:
+    try:
+        hours = float(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"expected a number of hours, got {value!r}", field=key) from None
+    if hours <= 0:
+        raise ConfigurationError(f"must be positive, got {value!r}", field=key)
+    return timedelta(hours=hours)
+
+
+def _flag(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"expected true or false, got {value!r}", field=key)
+
+
+def _timezone(value: Any) -> str | None:
+    if value is None:
+        return None
+    return str(getattr(value, "key", value))
