@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +63,6 @@ class Publisher:
         """Drop the connection (after a failure, or at close); the next publish reconnects."""
         connection, self._connection, self._producer = self._connection, None, None
         if connection is not None:
-            try:
+            # A broken connection may fail to close; it is being dropped either way.
+            with contextlib.suppress(Exception):
                 connection.release()
-            except Exception:
-                pass

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
@@ -20,7 +23,20 @@ def upgrade(connection: Connection) -> None:
     """Upgrade to the newest revision inside the caller's transaction."""
     config = _config()
     config.attributes["connection"] = connection
-    command.upgrade(config, "head")
+    with _quiet_alembic():
+        command.upgrade(config, "head")
+
+
+@contextmanager
+def _quiet_alembic() -> Iterator[None]:
+    # Alembic narrates every plugin at INFO, which would flood beat's log at each boot.
+    log = logging.getLogger("alembic")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def sql(url: str) -> str:

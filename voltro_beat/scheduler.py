@@ -1,0 +1,352 @@
+"""The ``celery.beat.Scheduler`` subclass behind ``celery beat -S voltro``: glue and timing.
+
+Each tick takes every schedule whose next occurrence is due, sends those occurrences through
+the coordination gate in batches, publishes the ones this replica won and marks them
+published. Store errors fail closed: nothing is published, the occurrences stay due and are
+tried again next tick while they are within ``max_lateness``. Nothing escapes :meth:`tick`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from celery import beat
+from celery.schedules import crontab
+
+from voltro_beat import catchup
+from voltro_beat.config import Settings
+from voltro_beat.coordination import Gate, gate_for
+from voltro_beat.exceptions import StoreError
+from voltro_beat.occurrences import next_after, occurrence_key
+from voltro_beat.publisher import Publisher, task_id_for
+from voltro_beat.schedules import Entry, cadence, parse_entries
+from voltro_beat.store import Occurrence, PendingRun, Store, open_store
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between attempts while the store is unreachable.
+RETRY_DELAY = 1.0
+#: Occurrences per claim statement. Replicas walk the batches of a burst in different orders,
+#: so three replicas share a 10,000-schedule minute instead of queueing behind one another.
+BATCH = 1000
+#: Occurrences of one schedule handled per tick when it is behind (after a pause or outage).
+MAX_BACKLOG = 1000
+#: How often a replica deletes claims and runs past their retention.
+RETENTION_EVERY = timedelta(hours=1)
+
+
+@dataclass(slots=True)
+class _Due:
+    """A schedule in the heap: the occurrences it has to record next, oldest first."""
+
+    entry: Entry
+    pending: list[datetime]
+
+    def advance(self, now: datetime) -> None:
+        """Move past the occurrences just recorded: on to those due by ``now``, or the next."""
+        pending: list[datetime] = []
+        at = next_after(self.entry.spec, self.pending[-1])
+        while at is not None and at <= now and len(pending) < MAX_BACKLOG:
+            pending.append(at)
+            at = next_after(self.entry.spec, at)
+        if not pending and at is not None:
+            pending.append(at)
+        self.pending = pending
+
+
+class Scheduler(beat.Scheduler):
+    """Active-active beat scheduler: every occurrence claimed in the store, published once."""
+
+    _settings: Settings
+    _entries: dict[str, Entry]
+    #: Per schedule: claims older than this much before a won occurrence are pruned.
+    _graces: dict[str, timedelta | None]
+    _store: Store
+    _gate: Gate
+    _publisher: Publisher
+
+    def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
+        self._configured = False
+        self._closed = False
+        self._booted = False
+        self._queue: list[tuple[datetime, int, _Due]] = []
+        self._seq = itertools.count()
+        self._store_down_since: datetime | None = None
+        self._broker_down = False
+        #: Published, but the store failed before they were marked: retried first thing.
+        self._unmarked: list[str] = []
+        self._next_recovery = datetime.min.replace(tzinfo=UTC)
+        self._next_retention = datetime.min.replace(tzinfo=UTC)
+        # Celery builds a lazy instance for the banner: it must do no I/O.
+        super().__init__(app, *args, **kwargs)
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def setup_schedule(self) -> None:
+        """Parse settings and entries (raising ConfigurationError at boot) and open the store.
+
+        No connection is made here: the first tick upgrades the schema and catches up, and
+        retries both while the store is unreachable.
+        """
+        self._configure()
+        logger.info(
+            "voltro_beat: replica %s, store %s, coordination %s, %d schedules",
+            self._settings.replica,
+            self._store.display_url,
+            self._gate.mode,
+            len(self._entries),
+        )
+
+    def _configure(self) -> None:
+        if self._configured:
+            return
+        settings = Settings.from_config(self.app.conf)
+        entries = parse_entries(
+            self._beat_schedule(), tz=settings.timezone, max_lateness=settings.max_lateness
+        )
+        store = open_store(settings.store_url, replica=settings.replica)
+        self._settings = settings
+        self._entries = {entry.name: entry for entry in entries}
+        self._graces = {entry.name: _grace(entry) for entry in entries}
+        self._store = store
+        self._gate = gate_for(settings.coordination, store)
+        self._publisher = Publisher(self.app)
+        self._configured = True
+
+    def _beat_schedule(self) -> Mapping[str, Mapping[str, Any]]:
+        schedule = dict(self.app.conf.beat_schedule or {})
+        # Celery's own beat adds this entry when results need cleaning up; so do we.
+        conf = self.app.conf
+        if (
+            conf.result_expires
+            and not self.app.backend.supports_autoexpire
+            and "celery.backend_cleanup" not in schedule
+        ):
+            schedule["celery.backend_cleanup"] = {
+                "task": "celery.backend_cleanup",
+                "schedule": crontab("0", "4", "*"),
+                "options": {"expires": 12 * 3600},
+            }
+        return schedule
+
+    @property
+    def info(self) -> str:
+        """The banner's scheduler line (built without I/O)."""
+        self._configure()
+        return (
+            f"voltro_beat: store {self._store.display_url}, coordination {self._gate.mode}, "
+            f"replica {self._settings.replica}, {len(self._entries)} schedules"
+        )
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """Record and publish what is due; return the seconds to sleep. Never raises."""
+        if self._closed:
+            return float(self.max_interval)
+        try:
+            return self._tick(_now())
+        except StoreError as exc:
+            self._on_store_error(exc)
+            return RETRY_DELAY
+        except Exception:
+            logger.exception("voltro_beat: unexpected error in tick; retrying")
+            return RETRY_DELAY
+
+    def _tick(self, now: datetime) -> float:
+        if self._unmarked:
+            self._store.mark_published(self._unmarked, now=now)
+            self._unmarked = []
+        if not self._booted:
+            self._boot(now)
+        if now >= self._next_recovery:
+            self._recover(now)
+            self._next_recovery = now + self._settings.publish_timeout / 2
+        if now >= self._next_retention:
+            self._sweep(now)
+            self._next_retention = now + RETENTION_EVERY
+        self._fire_due(now)
+        if self._store_down_since is not None:
+            logger.warning("voltro_beat: store %s is reachable again", self._store.display_url)
+            self._store_down_since = None
+        return self._delay(_now())
+
+    def _boot(self, now: datetime) -> None:
+        """Upgrade the schema, record catch-up per entry, and fill the heap."""
+        if self._settings.migrate:
+            self._store.upgrade()
+        entries = list(self._entries.values())
+        last = self._store.last_scheduled([e.name for e in entries])
+        backfill = [
+            self._occurrence(entry, fill.at, now, fill.status, fill.reason)
+            for entry in entries
+            for fill in catchup.plan(entry, last.get(entry.name), now)
+        ]
+        self._record(backfill, now)
+        for entry in entries:
+            first = next_after(entry.spec, now)
+            if first is not None:
+                self._push(_Due(entry, [first]))
+        self._booted = True
+
+    def _fire_due(self, now: datetime) -> None:
+        due: list[_Due] = []
+        while self._queue and self._queue[0][0] <= now:
+            due.append(heapq.heappop(self._queue)[2])
+        if not due:
+            return
+        try:
+            self._record([self._occurrence(d.entry, at, now) for d in due for at in d.pending], now)
+            for d in due:
+                d.advance(now)
+        finally:
+            # On a store error the occurrences stay due and are tried again next tick.
+            for d in due:
+                if d.pending:
+                    self._push(d)
+
+    def _occurrence(
+        self,
+        entry: Entry,
+        at: datetime,
+        now: datetime,
+        status: str = "claimed",
+        reason: str | None = None,
+    ) -> Occurrence:
+        if status == "claimed" and now - at > entry.max_lateness:
+            status = "missed"
+            down = self._store_down_since
+            reason = (
+                "store_down" if down is not None and at >= down - entry.max_lateness else "late"
+            )
+        key = occurrence_key(entry.name, at)
+        grace = self._graces[entry.name]
+        return Occurrence(
+            key=key,
+            schedule=entry.name,
+            task=entry.task,
+            task_id=task_id_for(key),
+            scheduled_at=at,
+            status=status,
+            reason=reason,
+            prune_before=None if grace is None else at - grace,
+        )
+
+    def _record(self, occurrences: Sequence[Occurrence], now: datetime) -> None:
+        """Send ``occurrences`` through the gate in batches; publish the ones won."""
+        batches = [occurrences[i : i + BATCH] for i in range(0, len(occurrences), BATCH)]
+        random.Random(self._settings.replica).shuffle(batches)
+        for batch in batches:
+            won = self._gate.admit(batch, now=now)
+            lost = len(batch) - len(won)
+            if lost:
+                logger.debug("voltro_beat: %d occurrences claimed by other replicas", lost)
+            self._publish_and_mark([o for o in batch if o.key in won and o.status == "claimed"])
+            for o in batch:
+                if o.key in won and o.status != "claimed":
+                    logger.info("voltro_beat: %s recorded %s (%s)", o.key, o.status, o.reason)
+
+    def _publish_and_mark(self, occurrences: Iterable[Occurrence | PendingRun]) -> None:
+        published: list[str] = []
+        for o in occurrences:
+            entry = self._entries[o.schedule]
+            logger.info("Scheduler: Sending due task %s (%s) as %s", entry.name, entry.task, o.key)
+            try:
+                self._publisher.publish(entry, o.key, o.task_id)
+            except Exception as exc:
+                # Fail closed: the rest of the batch stays ``claimed``; the recovery sweep
+                # republishes it with the same task ids once the broker answers.
+                self._publisher.reset()
+                if not self._broker_down:
+                    logger.warning("voltro_beat: broker unreachable, will retry: %s", exc)
+                self._broker_down = True
+                break
+            published.append(o.key)
+        else:
+            if self._broker_down:
+                logger.warning("voltro_beat: broker is reachable again")
+            self._broker_down = False
+        if published:
+            try:
+                self._store.mark_published(published, now=_now())
+            except StoreError:
+                self._unmarked.extend(published)
+                raise
+
+    # -- maintenance ----------------------------------------------------------------------
+
+    def _recover(self, now: datetime) -> None:
+        """Republish runs left ``claimed`` (crashed replica, broker outage) or mark them missed."""
+        stale = self._store.release_stale(
+            before=now - self._settings.publish_timeout, now=now, limit=BATCH
+        )
+        republish: list[PendingRun] = []
+        expired: list[str] = []
+        for run in stale:
+            entry = self._entries.get(run.schedule)
+            if entry is None:
+                continue  # a schedule this replica does not know (rolling deploy)
+            if now - run.scheduled_at > entry.max_lateness:
+                expired.append(run.key)
+            else:
+                republish.append(run)
+        if expired:
+            self._store.mark_missed(expired, reason="publish_failed")
+            logger.warning("voltro_beat: %d unpublished runs expired as missed", len(expired))
+        if republish:
+            logger.warning("voltro_beat: republishing %d unconfirmed runs", len(republish))
+            self._publish_and_mark(republish)
+
+    def _sweep(self, now: datetime) -> None:
+        claims, runs = self._store.sweep(
+            claims_before=now - self._settings.claims_ttl,
+            runs_before=now - self._settings.runs_ttl,
+        )
+        if claims or runs:
+            logger.info("voltro_beat: retention removed %d claims and %d runs", claims, runs)
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _push(self, due: _Due) -> None:
+        heapq.heappush(self._queue, (due.pending[0], next(self._seq), due))
+
+    def _delay(self, now: datetime) -> float:
+        wake = min(self._next_recovery, self._next_retention)
+        if self._queue:
+            wake = min(wake, self._queue[0][0])
+        return max(0.0, min((wake - now).total_seconds(), float(self.max_interval)))
+
+    def _on_store_error(self, exc: StoreError) -> None:
+        if self._store_down_since is None:
+            self._store_down_since = _now()
+            logger.warning("voltro_beat: publishing nothing while the store is down: %s", exc)
+        else:
+            logger.debug("voltro_beat: store still down: %s", exc)
+
+    def close(self) -> None:
+        """Release the broker connection and the store; safe to call more than once."""
+        if self._closed or not self._configured:
+            self._closed = True
+            return
+        self._closed = True
+        self._publisher.reset()
+        self._store.close()
+
+
+def _grace(entry: Entry) -> timedelta | None:
+    """How long a schedule's claims outlive a newer win: about sixty predecessors, 1 min..1 h."""
+    step = cadence(entry.spec)
+    if step is None:
+        return None
+    return min(max(step * 60, timedelta(minutes=1)), timedelta(hours=1))
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
