@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
@@ -9,9 +11,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from voltro_beat.exceptions import ConfigurationError
+from voltro_beat.config import DEFAULT_STORE_URL
+from voltro_beat.exceptions import ConfigurationError, StoreError
+from voltro_beat.migrations import runner as migrations
 from voltro_beat.occurrences import next_after, occurrence_key
 from voltro_beat.schedules import Spec, check_name, to_spec
+from voltro_beat.store import hide_password, open_store
+from voltro_beat.tables import STATUSES
 
 
 @click.group()
@@ -86,3 +92,79 @@ def _start(after: str | None, zone: str | None) -> datetime:
     except ValueError:
         raise ConfigurationError(f"{after!r} is not an ISO 8601 datetime", field="after") from None
     return start if start.tzinfo else start.replace(tzinfo=ZoneInfo(zone or "UTC"))
+
+
+def _store_option(command: Callable[..., None]) -> Callable[..., None]:
+    return click.option(
+        "--store",
+        "store_url",
+        envvar="VOLTRO_BEAT_STORE_URL",
+        default=DEFAULT_STORE_URL,
+        show_default=True,
+        help="Store URL (env VOLTRO_BEAT_STORE_URL).",
+    )(command)
+
+
+@main.group()
+def db() -> None:
+    """The schema of voltro_beat's tables (Alembic, version table _voltro_beat_alembic_version)."""
+
+
+@db.command("upgrade")
+@_store_option
+def db_upgrade(store_url: str) -> None:
+    """Create or upgrade the tables to the newest revision."""
+    with _errors():
+        store = open_store(store_url, replica="voltro-beat-cli")
+        try:
+            store.upgrade()
+        finally:
+            store.close()
+    click.echo(f"{hide_password(store_url)}: schema is up to date")
+
+
+@db.command("sql")
+@_store_option
+def db_sql(store_url: str) -> None:
+    """Print the DDL of every migration for the store's dialect, for a DBA to run."""
+    with _errors():
+        open_store(store_url, replica="voltro-beat-cli")  # validates the URL
+        click.echo(migrations.sql(store_url), nl=False)
+
+
+@main.command()
+@_store_option
+@click.option("--schedule", default=None, help="Only this schedule.")
+@click.option("--status", default=None, type=click.Choice(STATUSES), help="Only this status.")
+@click.option("-n", "count", default=50, show_default=True, type=click.IntRange(min=1))
+def runs(store_url: str, schedule: str | None, status: str | None, count: int) -> None:
+    """Print the newest rows of the run table."""
+    with _errors():
+        store = open_store(store_url, replica="voltro-beat-cli")
+        try:
+            rows = store.recent_runs(schedule=schedule, status=status, limit=count)
+        finally:
+            store.close()
+    table = Table(title=f"_voltro_schedule_runs ({len(rows)} newest)")
+    columns = ("id", "status", "reason", "replica", "coordination_outcome", "worker")
+    for column in (*columns, "published", "finished"):
+        table.add_column(column, no_wrap=column == "id")
+    for row in rows:
+        table.add_row(
+            *(str(row[c] or "") for c in columns),
+            _stamp(row["published_at"]),
+            _stamp(row["finished_at"]),
+        )
+    Console(width=max(Console().width, 140)).print(table)
+
+
+def _stamp(at: datetime | None) -> str:
+    return "" if at is None else f"{at:%Y-%m-%d %H:%M:%S.%f}"[:-3]
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    try:
+        yield
+    except (ConfigurationError, StoreError) as exc:
+        raise click.ClickException(str(exc)) from exc

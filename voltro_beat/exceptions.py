@@ -21,7 +21,7 @@ class ConfigurationError(VoltroBeatError):
         if entry is not None:
             where.append(f"schedule {entry!r}")
         if field is not None:
-            where.append(f"field {field!r}")
+            where.append(f"{'field' if entry is not None else 'setting'} {field!r}")
         prefix = ", ".join(where)
         super().__init__(f"{prefix}: {message}" if prefix else message)
 

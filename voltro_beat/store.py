@@ -100,6 +100,12 @@ class Store(Protocol):
 
     def last_scheduled(self, schedules: Sequence[str]) -> dict[str, datetime]: ...
 
+    def recent_runs(
+        self, *, schedule: str | None = None, status: str | None = None, limit: int = 50
+    ) -> list[dict[str, Any]]:
+        """The newest run rows (by scheduled instant), optionally of one schedule or status."""
+        ...
+
     def sweep(self, *, claims_before: datetime, runs_before: datetime) -> tuple[int, int]: ...
 
     def close(self) -> None: ...
@@ -331,6 +337,17 @@ class SqlStore:
                 found.update((name, at) for name, at in conn.execute(stmt, {"names": chunk}))
         return found
 
+    def recent_runs(
+        self, *, schedule: str | None = None, status: str | None = None, limit: int = 50
+    ) -> list[dict[str, Any]]:
+        stmt = sa.select(runs).order_by(runs.c.scheduled_at.desc(), runs.c.id).limit(limit)
+        if schedule is not None:
+            stmt = stmt.where(runs.c.schedule == schedule)
+        if status is not None:
+            stmt = stmt.where(runs.c.status == status)
+        with self._connect() as conn:
+            return [dict(row._mapping) for row in conn.execute(stmt)]
+
     # -- retention -----------------------------------------------------------------------
 
     def sweep(self, *, claims_before: datetime, runs_before: datetime) -> tuple[int, int]:
@@ -515,6 +532,18 @@ class MemoryStore:
                 if name in wanted and (name not in found or row["scheduled_at"] > found[name]):
                     found[name] = row["scheduled_at"]
         return found
+
+    def recent_runs(
+        self, *, schedule: str | None = None, status: str | None = None, limit: int = 50
+    ) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = [
+                dict(r)
+                for r in self.runs.values()
+                if schedule in (None, r["schedule"]) and status in (None, r["status"])
+            ]
+        rows.sort(key=lambda r: (-r["scheduled_at"].timestamp(), r["id"]))
+        return rows[:limit]
 
     def sweep(self, *, claims_before: datetime, runs_before: datetime) -> tuple[int, int]:
         with self._lock:

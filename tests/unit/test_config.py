@@ -1,0 +1,64 @@
+"""Settings parsing: defaults, environment fallback, and errors that name the setting."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from voltro_beat.config import DEFAULT_STORE_URL, Settings
+from voltro_beat.exceptions import ConfigurationError
+
+
+def test_defaults() -> None:
+    s = Settings.from_config({}, environ={})
+    assert s.store_url == DEFAULT_STORE_URL
+    assert s.coordination == "advisory_lock"
+    assert s.max_lateness == timedelta(days=1)
+    assert s.claims_ttl == timedelta(hours=24)
+    assert s.runs_ttl == timedelta(days=7)
+    assert s.migrate is True
+    assert s.timezone is None
+
+
+def test_config_wins_over_environment() -> None:
+    env = {"VOLTRO_BEAT_STORE_URL": "sqlite:///env.db", "VOLTRO_BEAT_REPLICA": "from-env"}
+    s = Settings.from_config({"voltro_beat_store_url": "sqlite:///conf.db"}, environ=env)
+    assert s.store_url == "sqlite:///conf.db"
+    assert s.replica == "from-env"
+
+
+def test_spec_environment_names_for_retention() -> None:
+    env = {"VOLTRO_SCHEDULE_CLAIMS_TTL_HOURS": "2", "VOLTRO_SCHEDULE_RUNS_TTL_HOURS": "48"}
+    s = Settings.from_config({}, environ=env)
+    assert (s.claims_ttl, s.runs_ttl) == (timedelta(hours=2), timedelta(hours=48))
+
+
+@pytest.mark.parametrize("alias", ["advisoryLock", "wonLock", "advisory_lock"])
+def test_coordination_aliases(alias: str) -> None:
+    s = Settings.from_config({"voltro_beat_coordination": alias}, environ={})
+    assert s.coordination == "advisory_lock"
+
+
+@pytest.mark.parametrize(
+    ("conf", "setting"),
+    [
+        ({"voltro_beat_coordination": "leader"}, "voltro_beat_coordination"),
+        ({"voltro_beat_coordination": "cluster"}, "voltro_beat_coordination"),
+        ({"voltro_beat_max_lateness": 0}, "voltro_beat_max_lateness"),
+        ({"voltro_beat_max_lateness": "soon"}, "voltro_beat_max_lateness"),
+        ({"voltro_beat_store_url": ""}, "voltro_beat_store_url"),
+        ({"voltro_beat_migrate": "perhaps"}, "voltro_beat_migrate"),
+        ({"voltro_beat_claims_ttl_hours": -1}, "voltro_beat_claims_ttl_hours"),
+        # The run row is the long fence: it must outlive max_lateness.
+        (
+            {"voltro_beat_runs_ttl_hours": 24, "voltro_beat_max_lateness": 2 * 86400},
+            "voltro_beat_runs_ttl_hours",
+        ),
+    ],
+)
+def test_bad_values_name_the_setting(conf: dict[str, object], setting: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Settings.from_config(conf, environ={})
+    assert info.value.field == setting
+    assert setting in str(info.value)
