@@ -1,0 +1,246 @@
+"""The scheduler workloads: one case = one scheduler, S schedules, R replicas, real processes.
+
+- ``burst``: S ``crontab(minute='*')`` entries, beats started ``lead`` s before a minute
+  boundary; from the boundary: first and last message, when all S had arrived, how many of S
+  arrived within ``window`` s, duplicates.
+- ``steady``: S one-second interval entries; after every replica booted and a warm-up, a window
+  of D whole seconds: achieved vs expected firings, duplicates, misses, publish lag.
+- ``idle``: S entries never due during the run, one replica: boot time and resident memory.
+
+Every case also records CPU seconds per 1,000 messages, peak RSS and boot time of its replicas
+(boot = process spawn to Celery's ``beat_init`` signal, see ``appgen``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bench import observer
+from bench.appgen import write_app
+from bench.procs import Processes
+from bench.services import Services, clean, pg_transactions, python_path
+
+Message = tuple[float, str, int | None, str | None]
+
+
+@dataclass(frozen=True)
+class Case:
+    workload: str  # burst | steady | idle
+    contender: str  # celery | redbeat | voltro
+    size: int
+    replicas: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.workload}-{self.contender}-S{self.size}-R{self.replicas}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    svc: Services
+    schedulers: dict[str, str]  # contender -> the ``-S`` value
+    loglevel: str = "warning"
+    burst_lead: float = 15.0
+    burst_window: float = 55.0
+    steady_seconds: int = 60
+    steady_warmup: float = 5.0
+    steady_tail: float = 2.0
+    idle_settle: float = 5.0
+    boot_timeout: float = 300.0
+    logs: Path | None = None  # where each case's logs are copied
+
+
+def _sleep_until(t: float) -> None:
+    while (left := t - time.time()) > 0:
+        time.sleep(min(left, 0.5))
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _occurrence_instant(key: str) -> float:
+    """Scheduled instant of a voltro occurrence key ``name@YYYY-mm-ddTHH:MM:SS[.fff]`` (UTC)."""
+    stamp = key.rsplit("@", 1)[1]
+    return datetime.fromisoformat(stamp + "+00:00").timestamp()
+
+
+def _replica_figures(procs: Processes) -> dict[str, Any]:
+    boots = [b.booted_at() for b in procs.beats]
+    spans = [t - b.spawned for t, b in zip(boots, procs.beats, strict=True) if t is not None]
+    return {
+        "boot_s": _round(max(spans, default=None), 3),
+        "peak_rss_mb": round(max(b.sample.peak_rss for b in procs.beats) / 2**20, 1),
+    }
+
+
+def _cpu_per_1k(cpu: float, messages: int) -> float | None:
+    return round(cpu / messages * 1000, 3) if messages else None
+
+
+def run_case(case: Case, cfg: Settings) -> dict[str, Any]:
+    """Run one case from a clean slate and return its figures; every process is stopped."""
+    svc = cfg.svc
+    clean(svc)
+    kind = {"burst": "burst", "steady": "steady", "idle": "idle"}[case.workload]
+    with tempfile.TemporaryDirectory(prefix="voltro-bench-") as tmp:
+        work = Path(tmp)
+        write_app(work, svc, kind, case.size)
+        env = {
+            "PYTHONPATH": python_path(work),
+            "PYTHONUNBUFFERED": "1",
+            "VOLTRO_BEAT_STORE_URL": svc.voltro_store,
+        }
+        xacts0 = pg_transactions(svc) if case.contender == "voltro" else None
+        try:
+            with Processes(work) as procs:
+                runner = {"burst": _burst, "steady": _steady, "idle": _idle}[case.workload]
+                result = runner(case, cfg, procs, env, work)
+                result.update(_replica_figures(procs))
+        finally:
+            if cfg.logs is not None:
+                dest = cfg.logs / case.label
+                dest.mkdir(parents=True, exist_ok=True)
+                for log in work.rglob("*.log"):
+                    shutil.copy(log, dest / f"{log.parent.name}-{log.name}")
+    if xacts0 is not None:
+        time.sleep(1.0)  # backends flush their statistics when they exit
+        xacts1 = pg_transactions(svc)
+        result["db_xacts"] = None if xacts1 is None else xacts1 - xacts0 - 1
+    clean(svc)
+    return result
+
+
+def _spawn_beats(case: Case, cfg: Settings, procs: Processes, env: dict[str, str]) -> None:
+    for r in range(case.replicas):
+        procs.spawn_beat(f"r{r}", cfg.schedulers[case.contender], cfg.loglevel, env)
+
+
+def _burst(
+    case: Case, cfg: Settings, procs: Processes, env: dict[str, str], work: Path
+) -> dict[str, Any]:
+    boundary = math.ceil((time.time() + cfg.burst_lead) / 60) * 60
+    _sleep_until(boundary - cfg.burst_lead)
+    out = work / "arrivals.json"
+    obs = observer.start(procs, cfg.svc.broker_url, cfg.svc.queue, boundary + cfg.burst_window, out)
+    _spawn_beats(case, cfg, procs, env)
+    _sleep_until(boundary - 0.5)
+    cpu0 = procs.cpu_total()
+    obs.wait(cfg.burst_window + 60)
+    cpu1 = procs.cpu_total()
+    observer.finish(obs, out)
+    msgs = observer.load(out)
+    booted = [b.booted_at() for b in procs.beats]
+    result = burst_figures(msgs, boundary, case.size, cfg.burst_window)
+    result["booted_late"] = sum(1 for t in booted if t is None or t > boundary)
+    result["cpu_per_1k"] = _cpu_per_1k(cpu1 - cpu0, result["messages"])
+    return result
+
+
+def burst_figures(msgs: list[Message], boundary: float, size: int, window: float) -> dict[str, Any]:
+    """Figures of one burst from the observer's arrivals (times relative to the boundary)."""
+    early = [m for m in msgs if m[0] < boundary - 1]
+    late = [m for m in msgs if boundary - 1 <= m[0] <= boundary + window]
+    first_seen: dict[int | None, float] = {}
+    for t, _id, index, _occ in late:
+        first_seen.setdefault(index, t)
+    done = len(first_seen) >= size
+    return {
+        "messages": len(late),
+        "early_messages": len(early),
+        "first_s": round(min(m[0] for m in late) - boundary, 3) if late else None,
+        "last_s": round(max(m[0] for m in late) - boundary, 3) if late else None,
+        "all_s": round(max(first_seen.values()) - boundary, 3) if done else None,
+        "arrived": len(first_seen),
+        "arrived_pct": round(100 * len(first_seen) / size, 2),
+        "duplicates": len(late) - len(first_seen),
+        "same_task_id": len(late) - len({m[1] for m in late}),
+    }
+
+
+def _steady(
+    case: Case, cfg: Settings, procs: Processes, env: dict[str, str], work: Path
+) -> dict[str, Any]:
+    out = work / "arrivals.json"
+    hard_stop = time.time() + cfg.boot_timeout + cfg.steady_warmup + cfg.steady_seconds + 30
+    obs = observer.start(procs, cfg.svc.broker_url, cfg.svc.queue, hard_stop, out)
+    _spawn_beats(case, cfg, procs, env)
+    if not procs.wait_booted(cfg.boot_timeout):
+        raise RuntimeError(f"{case.label}: a replica did not boot; see its beat.log")
+    t0 = math.ceil(max(b.booted_at() or 0.0 for b in procs.beats) + cfg.steady_warmup)
+    _sleep_until(t0)
+    cpu0 = procs.cpu_total()
+    _sleep_until(t0 + cfg.steady_seconds)
+    cpu1 = procs.cpu_total()
+    _sleep_until(t0 + cfg.steady_seconds + cfg.steady_tail)
+    observer.finish(obs, out)
+    result = steady_figures(observer.load(out), t0, case.size, cfg.steady_seconds)
+    result["cpu_per_1k"] = _cpu_per_1k(cpu1 - cpu0, result["messages"])
+    return result
+
+
+def steady_figures(msgs: list[Message], t0: float, size: int, seconds: int) -> dict[str, Any]:
+    """Figures of a steady window [t0, t0 + seconds) of one-second schedules.
+
+    A message's intended instant is its voltro occurrence key when it carries one (exact);
+    otherwise the floor of its arrival second (an approximation: Celery's and RedBeat's
+    intervals are not anchored to whole seconds, so their lag is only known within 1 s).
+    """
+    in_window: list[tuple[float, float, int | None, str]] = []
+    exact = 0
+    for t, task_id, index, occ in msgs:
+        intended = _occurrence_instant(occ) if occ else float(math.floor(t))
+        exact += occ is not None
+        if t0 <= intended < t0 + seconds:
+            in_window.append((t, intended, index, occ or task_id))
+    per_schedule = Counter(index for _t, _i, index, _k in in_window)
+    expected = size * seconds
+    achieved = sum(min(per_schedule.get(i, 0), seconds) for i in range(size))
+    lags = [(t - intended) * 1000 for t, intended, _i, _k in in_window]
+    # Period actually achieved per schedule: exact for every contender, unlike the lag.
+    arrivals: dict[int | None, list[float]] = {}
+    for t, _intended, index, _k in in_window:
+        arrivals.setdefault(index, []).append(t)
+    gaps = [(b - a) * 1000 for ts in arrivals.values() for a, b in itertools.pairwise(sorted(ts))]
+    return {
+        "messages": len(in_window),
+        "expected": expected,
+        "achieved": achieved,
+        "achieved_ratio": round(achieved / expected, 4),
+        "firings_per_s": round(achieved / seconds, 1),
+        "duplicates": sum(max(0, n - seconds) for n in per_schedule.values()),
+        "same_key": len(in_window) - len({k for *_x, k in in_window}),
+        "misses": expected - achieved,
+        "lag_basis": "occurrence key" if exact else "floor(arrival second)",
+        "lag_p50_ms": _round(_pct(lags, 0.5)),
+        "lag_p99_ms": _round(_pct(lags, 0.99)),
+        "lag_max_ms": _round(max(lags, default=None)),
+        "gap_p50_ms": _round(_pct(gaps, 0.5)),
+        "gap_p99_ms": _round(_pct(gaps, 0.99)),
+    }
+
+
+def _round(x: float | None, digits: int = 1) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def _idle(
+    case: Case, cfg: Settings, procs: Processes, env: dict[str, str], work: Path
+) -> dict[str, Any]:
+    _spawn_beats(case, cfg, procs, env)
+    if not procs.wait_booted(cfg.boot_timeout):
+        raise RuntimeError(f"{case.label}: a replica did not boot; see its beat.log")
+    time.sleep(cfg.idle_settle)
+    return {"alive": all(b.popen.poll() is None for b in procs.beats)}
