@@ -180,10 +180,12 @@ def cadence(spec: Spec) -> timedelta | None:
 
 def check_name(name: object) -> str:
     """Return ``name`` if it can be a schedule name (used verbatim in occurrence keys)."""
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str):
         raise ConfigurationError(
-            "the name must be a non-empty string", entry=repr(name), field="name"
+            f"the name must be a string, not {type(name).__name__}", **_at(repr(name), "name")
         )
+    if not name:
+        raise ConfigurationError("the name must not be empty", **_at(name, "name"))
     if "@" in name:
         raise ConfigurationError(
             "the name must not contain '@' (it separates the name from the instant in keys)",
