@@ -1,0 +1,246 @@
+"""The scheduler's tick against a real SQLite store and kombu's in-memory broker.
+
+Replicas are Scheduler instances in this process sharing one SQLite file; the clock is
+driven by passing fixed instants to the tick, so each scenario is exact and fast. Several
+real ``celery beat`` processes are exercised in tests/acceptance.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from celery import Celery
+
+from voltro_beat.exceptions import ConfigurationError
+from voltro_beat.publisher import task_id_for
+from voltro_beat.scheduler import RETRY_DELAY, Scheduler
+
+T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
+EVERY_SECOND = {"s": {"task": "proj.work", "schedule": "* * * * * *"}}
+
+
+def sec(n: float) -> datetime:
+    return T0 + timedelta(seconds=n)
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'voltro.sqlite3'}"
+
+
+@pytest.fixture
+def replicas(store_url: str) -> Iterator[Any]:
+    """Build schedulers (replicas) on the shared store; close them all afterwards."""
+    made: list[Scheduler] = []
+
+    def make(
+        name: str = "r1", *, broker: str = "memory://", schedule: Any = None, **conf: Any
+    ) -> Scheduler:
+        app = Celery(f"proj-{name}", broker=broker, set_as_current=False)
+        app.conf.update(
+            {
+                "voltro_beat_store_url": store_url,
+                "voltro_beat_replica": name,
+                "beat_schedule": EVERY_SECOND if schedule is None else schedule,
+                "result_expires": None,
+                **conf,
+            }
+        )
+        scheduler = Scheduler(app)
+        made.append(scheduler)
+        return scheduler
+
+    yield make
+    for scheduler in made:
+        scheduler.close()
+
+
+def drain(app: Celery) -> list[dict[str, Any]]:
+    """Every message on the default queue of the in-memory broker, as headers."""
+    headers = []
+    with app.connection_for_read() as conn:
+        queue = conn.SimpleQueue("celery")
+        while True:
+            try:
+                message = queue.get(timeout=0.05)
+            except queue.Empty:
+                break
+            headers.append(message.headers)
+            message.ack()
+    return headers
+
+
+def rows(store_url: str) -> dict[str, Any]:
+    engine = sa.create_engine(store_url)
+    with engine.connect() as conn:
+        result = conn.execute(sa.text("SELECT * FROM _voltro_schedule_runs ORDER BY id"))
+        found = {row.id: row for row in result}
+    engine.dispose()
+    return found
+
+
+def test_two_replicas_publish_each_occurrence_once(replicas: Any, store_url: str) -> None:
+    r1, r2 = replicas("r1"), replicas("r2")
+    for n in range(4):
+        r1._tick(sec(n))
+        r2._tick(sec(n))
+    published = drain(r1.app)
+    keys = [h["voltro_occurrence"] for h in published]
+    assert sorted(keys) == [f"s@2026-01-01T10:00:0{n}" for n in (1, 2, 3)]
+    for h in published:
+        assert h["id"] == task_id_for(h["voltro_occurrence"])
+        assert h["periodic_task_name"] == "s"
+    recorded = rows(store_url)
+    assert set(recorded) == set(keys)
+    assert {r.coordination_outcome for r in recorded.values()} == {"won_lock"}
+    assert {r.status for r in recorded.values()} == {"published"}
+
+
+def test_single_coordination_still_fenced_by_the_run_row(replicas: Any, store_url: str) -> None:
+    r1 = replicas("r1", voltro_beat_coordination="single")
+    r2 = replicas("r2", voltro_beat_coordination="single")
+    for n in range(3):
+        r1._tick(sec(n))
+        r2._tick(sec(n))
+    assert len(drain(r1.app)) == 2
+    assert {r.coordination_outcome for r in rows(store_url).values()} == {"single"}
+
+
+def test_entry_options_are_kept_and_not_mutated(replicas: Any) -> None:
+    options = {"queue": "celery", "priority": 3, "headers": {"mine": "yes"}}
+    schedule = {"s": {"task": "proj.work", "schedule": 1.0, "options": options}}
+    r1 = replicas("r1", schedule=schedule)
+    r1._tick(sec(0))
+    r1._tick(sec(1))
+    (headers,) = drain(r1.app)
+    assert headers["mine"] == "yes"
+    assert headers["voltro_occurrence"] == "s@2026-01-01T10:00:01"
+    assert options == {"queue": "celery", "priority": 3, "headers": {"mine": "yes"}}
+
+
+def test_store_down_fails_closed_and_warns_once(
+    replicas: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    r1 = replicas("r1", voltro_beat_store_url="postgresql+psycopg://root@127.0.0.1:1/none")
+    with caplog.at_level(logging.WARNING, logger="voltro_beat"):
+        delays = [r1.tick() for _ in range(3)]
+    assert delays == [RETRY_DELAY] * 3
+    assert drain(r1.app) == []
+    warnings = [r for r in caplog.records if "store is down" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_late_occurrences_are_missed_not_published(replicas: Any, store_url: str) -> None:
+    schedule = {"s": {"task": "proj.work", "schedule": 1.0, "max_lateness": 2}}
+    r1 = replicas("r1", schedule=schedule)
+    r1._tick(sec(0))
+    # Nothing ran for 5 s: 1..2 s are more than 2 s late at 5 s, 3..5 are not.
+    r1._tick(sec(5))  # handles 1 s, the first one still due
+    r1._tick(sec(5))  # the backlog: 2..5 s in one batch
+    recorded = rows(store_url)
+    assert {k: r.status for k, r in recorded.items()} == {
+        "s@2026-01-01T10:00:01": "missed",
+        "s@2026-01-01T10:00:02": "missed",
+        "s@2026-01-01T10:00:03": "published",
+        "s@2026-01-01T10:00:04": "published",
+        "s@2026-01-01T10:00:05": "published",
+    }
+    assert recorded["s@2026-01-01T10:00:01"].reason == "late"
+    assert len(drain(r1.app)) == 3
+
+
+def test_broker_down_leaves_claimed_then_recovered_with_same_task_id(
+    replicas: Any, store_url: str
+) -> None:
+    down = replicas("down", broker="redis://127.0.0.1:1/0")
+    down._tick(sec(0))
+    down._tick(sec(1))
+    key = "s@2026-01-01T10:00:01"
+    assert rows(store_url)[key].status == "claimed"
+    # Another replica's recovery sweep takes the row over once publish_timeout (10 s) passed.
+    up = replicas("up")
+    up._tick(sec(5))
+    assert key not in [h["voltro_occurrence"] for h in drain(up.app)]
+    up._tick(sec(12))
+    (headers,) = [h for h in drain(up.app) if h["voltro_occurrence"] == key]
+    assert headers["id"] == task_id_for(key)
+    assert rows(store_url)[key].status == "published"
+    assert rows(store_url)[key].replica == "up"
+
+
+def test_unpublished_run_past_lateness_is_recorded_missed(replicas: Any, store_url: str) -> None:
+    schedule = {"s": {"task": "proj.work", "schedule": 1.0, "max_lateness": 5}}
+    down = replicas("down", broker="redis://127.0.0.1:1/0", schedule=schedule)
+    down._tick(sec(0))
+    down._tick(sec(1))
+    up = replicas("up", schedule=schedule)
+    up._tick(sec(30))
+    first = rows(store_url)["s@2026-01-01T10:00:01"]
+    assert (first.status, first.reason) == ("missed", "publish_failed")
+
+
+def test_catch_up_latest_after_downtime(replicas: Any, store_url: str) -> None:
+    schedule = {"s": {"task": "proj.work", "schedule": 5.0}}
+    first = replicas("r1", schedule=schedule)
+    first._tick(sec(0))
+    first._tick(sec(5))
+    first.close()
+    drain(first.app)
+    # Down from 5 s to 22 s: 10, 15 and 20 were never handled.
+    second = replicas("r2", schedule=schedule)
+    second._tick(sec(22))
+    statuses = {k: (r.status, r.reason) for k, r in rows(store_url).items()}
+    assert statuses == {
+        "s@2026-01-01T10:00:05": ("published", None),
+        "s@2026-01-01T10:00:10": ("missed", "catch_up"),
+        "s@2026-01-01T10:00:15": ("missed", "catch_up"),
+        "s@2026-01-01T10:00:20": ("published", None),
+    }
+    assert [h["voltro_occurrence"] for h in drain(second.app)] == ["s@2026-01-01T10:00:20"]
+
+
+def test_claims_are_pruned_on_win(replicas: Any, store_url: str) -> None:
+    r1 = replicas("r1")
+    r1._tick(sec(0))
+    for n in range(1, 200):
+        r1._tick(sec(n))
+    engine = sa.create_engine(store_url)
+    with engine.connect() as conn:
+        claims = conn.execute(sa.text("SELECT count(*) FROM _voltro_schedule_claims")).scalar()
+        runs = conn.execute(sa.text("SELECT count(*) FROM _voltro_schedule_runs")).scalar()
+    engine.dispose()
+    # A one-second cadence keeps about a minute of claims; the runs stay for the retention.
+    assert runs == 199
+    assert 55 <= claims <= 65
+
+
+def test_bad_entry_fails_at_construction(replicas: Any) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        replicas("r1", schedule={"bad": {"task": "t", "schedule": "61 * * * *"}})
+    assert "'bad'" in str(info.value)
+
+
+def test_lazy_instance_does_no_io(store_url: str) -> None:
+    app = Celery("lazy", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app.conf.update(
+        voltro_beat_store_url="postgresql+psycopg://root@127.0.0.1:1/none",
+        beat_schedule=EVERY_SECOND,
+    )
+    scheduler = Scheduler(app, lazy=True)
+    assert "coordination advisory_lock" in scheduler.info
+    scheduler.close()
+    scheduler.close()
+
+
+def test_close_is_idempotent_and_stops_ticking(replicas: Any) -> None:
+    r1 = replicas("r1")
+    r1._tick(sec(0))
+    r1.close()
+    r1.close()
+    assert r1.tick() == r1.max_interval
