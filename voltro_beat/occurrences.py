@@ -21,7 +21,7 @@ from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo
 
-from croniter import CroniterBadDateError, croniter
+from croniter import croniter
 
 from voltro_beat.exceptions import VoltroBeatError
 from voltro_beat.schedules import (
@@ -52,7 +52,10 @@ class NaiveDatetimeError(VoltroBeatError, ValueError):
 
 
 def next_after(schedule: object, after: datetime, *, tz: str | None = None) -> datetime | None:
-    """Return the first occurrence strictly after ``after``, in UTC, or ``None`` if none.
+    """Return the first occurrence strictly after ``after``, in UTC.
+
+    ``None`` when there is none: a one-off already past, or a solar event that does not
+    happen within a year.
 
     ``schedule`` is a spec or any form :func:`voltro_beat.schedules.to_spec` accepts; ``tz``
     (the zone of a cron schedule given in another form, UTC if ``None``) is ignored for specs,
@@ -138,7 +141,7 @@ def _croniter(spec: CronSpec) -> croniter:
     return it
 
 
-def _cron_next(spec: CronSpec, after: datetime) -> datetime | None:
+def _cron_next(spec: CronSpec, after: datetime) -> datetime:
     zone = ZoneInfo(spec.tz)
     it = _croniter(spec)
     local = after.astimezone(zone)
@@ -146,13 +149,10 @@ def _cron_next(spec: CronSpec, after: datetime) -> datetime | None:
     # a whole second, so "after the floor" equals "after the instant".
     wall = local.replace(tzinfo=None, microsecond=0)
     other_pass = local.replace(fold=1 - local.fold)
-    try:
-        if local.utcoffset() == other_pass.utcoffset():
-            # The common case: `after` is not inside a repeated (fall-back) hour.
-            return _first_primary(spec, it, zone, wall, after)
-        return _cron_next_in_repeat(spec, it, zone, local, other_pass, wall, after)
-    except CroniterBadDateError:  # no match within croniter's 50-year horizon
-        return None
+    if local.utcoffset() == other_pass.utcoffset():
+        # The common case: `after` is not inside a repeated (fall-back) hour.
+        return _first_primary(spec, it, zone, wall, after)
+    return _cron_next_in_repeat(spec, it, zone, local, other_pass, wall, after)
 
 
 def _cron_next_in_repeat(
