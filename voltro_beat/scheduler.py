@@ -23,7 +23,7 @@ from celery.schedules import crontab
 from voltro_beat import catchup
 from voltro_beat.config import Settings
 from voltro_beat.coordination import Gate, gate_for
-from voltro_beat.exceptions import StoreError
+from voltro_beat.exceptions import ConfigurationError, StoreError
 from voltro_beat.occurrences import next_after, occurrence_key
 from voltro_beat.publisher import Publisher, task_id_for
 from voltro_beat.schedules import Entry, cadence, parse_entries
@@ -111,6 +111,15 @@ class Scheduler(beat.Scheduler):
         entries = parse_entries(
             self._beat_schedule(), tz=settings.timezone, max_lateness=settings.max_lateness
         )
+        for entry in entries:
+            if entry.max_lateness >= settings.runs_ttl:
+                # The run row is the long fence: it must outlive any occurrence still due.
+                raise ConfigurationError(
+                    f"max_lateness ({entry.max_lateness}) must be shorter than the runs "
+                    f"retention ({settings.runs_ttl}, voltro_beat_runs_ttl_hours)",
+                    entry=entry.name,
+                    field="max_lateness",
+                )
         store = open_store(settings.store_url, replica=settings.replica)
         self._settings = settings
         self._entries = {entry.name: entry for entry in entries}

@@ -244,3 +244,10 @@ def test_close_is_idempotent_and_stops_ticking(replicas: Any) -> None:
     r1.close()
     r1.close()
     assert r1.tick() == r1.max_interval
+
+
+def test_entry_lateness_must_be_shorter_than_runs_retention(replicas: Any) -> None:
+    schedule = {"slow": {"task": "t", "schedule": 60.0, "max_lateness": 8 * 86400}}
+    with pytest.raises(ConfigurationError) as info:
+        replicas("r1", schedule=schedule)
+    assert (info.value.entry, info.value.field) == ("slow", "max_lateness")
