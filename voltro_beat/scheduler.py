@@ -12,7 +12,7 @@ import heapq
 import itertools
 import logging
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,7 +25,7 @@ from voltro_beat.config import Settings
 from voltro_beat.coordination import Gate, gate_for
 from voltro_beat.exceptions import ConfigurationError, StoreError
 from voltro_beat.occurrences import next_after, occurrence_key
-from voltro_beat.publisher import Publisher, task_id_for
+from voltro_beat.publisher import Publisher, PublishError, task_id_for
 from voltro_beat.schedules import Entry, cadence, parse_entries
 from voltro_beat.store import Occurrence, PendingRun, Store, open_store
 
@@ -199,6 +199,7 @@ class Scheduler(beat.Scheduler):
             for fill in catchup.plan(entry, last.get(entry.name), now)
         ]
         self._record(backfill, now)
+        self._publisher.prepare(entries)
         for entry in entries:
             first = next_after(entry.spec, now)
             if first is not None:
@@ -262,22 +263,24 @@ class Scheduler(beat.Scheduler):
                 if o.key in won and o.status != "claimed":
                     logger.info("voltro_beat: %s recorded %s (%s)", o.key, o.status, o.reason)
 
-    def _publish_and_mark(self, occurrences: Iterable[Occurrence | PendingRun]) -> None:
-        published: list[str] = []
+    def _publish_and_mark(self, occurrences: Sequence[Occurrence | PendingRun]) -> None:
+        messages = []
         for o in occurrences:
             entry = self._entries[o.schedule]
             logger.info("Scheduler: Sending due task %s (%s) as %s", entry.name, entry.task, o.key)
-            try:
-                self._publisher.publish(entry, o.key, o.task_id)
-            except Exception as exc:
-                # Fail closed: the rest of the batch stays ``claimed``; the recovery sweep
-                # republishes it with the same task ids once the broker answers.
-                self._publisher.reset()
-                if not self._broker_down:
-                    logger.warning("voltro_beat: broker unreachable, will retry: %s", exc)
-                self._broker_down = True
-                break
-            published.append(o.key)
+            messages.append((entry, o.key, o.task_id))
+        if not messages:
+            return
+        try:
+            self._publisher.publish(messages)
+            published = [key for _, key, _ in messages]
+        except PublishError as exc:
+            # Fail closed: what the broker did not confirm stays ``claimed``; the recovery
+            # sweep republishes it with the same task ids once the broker answers.
+            if not self._broker_down:
+                logger.warning("voltro_beat: broker unreachable, will retry: %s", exc)
+            self._broker_down = True
+            published = [key for _, key, _ in messages[: exc.confirmed]]
         else:
             if self._broker_down:
                 logger.warning("voltro_beat: broker is reachable again")
