@@ -55,6 +55,10 @@ class Occurrence:
     reason: str | None = None
     prune_before: datetime | None = None
 
+    def __post_init__(self) -> None:
+        if self.scheduled_at.tzinfo is None:
+            raise ValueError(f"{self.key}: scheduled_at must be an aware datetime (invariant 8)")
+
 
 @dataclass(frozen=True, slots=True)
 class PendingRun:

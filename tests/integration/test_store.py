@@ -1,0 +1,243 @@
+"""The store contract, on SQLite and on PostgreSQL (a fresh database of the local server)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from voltro_beat.exceptions import ConfigurationError, StoreError
+from voltro_beat.store import Occurrence, SqlStore, hide_password, open_store
+from voltro_beat.tables import VERSION_TABLE, metadata
+
+T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
+
+
+def occ(n: int, schedule: str = "s", **fields: object) -> Occurrence:
+    at = T0 + timedelta(seconds=n)
+    key = f"{schedule}@{at:%Y-%m-%dT%H:%M:%S}"
+    return Occurrence(
+        key=key, schedule=schedule, task="t", task_id=f"id-{key}", scheduled_at=at, **fields
+    )  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.sqlite3'}"
+        return
+    base = request.getfixturevalue("postgres_url")
+    yield base
+    engine = sa.create_engine(base)
+    with engine.begin() as conn:
+        for table in ("_voltro_schedule_runs", "_voltro_schedule_claims", VERSION_TABLE):
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+    engine.dispose()
+
+
+@pytest.fixture
+def stores(url: str) -> Iterator[Callable[[str], SqlStore]]:
+    made: list[SqlStore] = []
+
+    def make(replica: str = "r1") -> SqlStore:
+        store = open_store(url, replica=replica)
+        assert isinstance(store, SqlStore)
+        store.upgrade()
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()
+
+
+def status(store: SqlStore, key: str) -> tuple[str, str | None]:
+    (row,) = [r for r in store.recent_runs(limit=10_000) if r["id"] == key]
+    return row["status"], row["reason"]
+
+
+def test_schema_matches_the_table_definitions(stores: Callable[[str], SqlStore]) -> None:
+    store = stores("r1")
+    store.upgrade()  # idempotent
+    with store.engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        diff = compare_metadata(context, metadata)
+    assert diff == []
+
+
+def test_claim_once_across_replicas(stores: Callable[[str], SqlStore]) -> None:
+    a, b = stores("a"), stores("b")
+    batch = [occ(n) for n in range(5)]
+    assert a.claim(batch, outcome="won_lock", gate=True, now=T0) == {o.key for o in batch}
+    assert b.claim(batch, outcome="won_lock", gate=True, now=T0) == set()
+    rows = a.recent_runs()
+    assert {r["replica"] for r in rows} == {"a"}
+    assert {(r["status"], r["coordination_outcome"]) for r in rows} == {("claimed", "won_lock")}
+
+
+def test_run_row_fences_after_claims_are_pruned(stores: Callable[[str], SqlStore]) -> None:
+    a, b = stores("a"), stores("b")
+    assert a.claim([occ(0)], outcome="won_lock", gate=True, now=T0)
+    a.sweep(claims_before=T0 + timedelta(days=1), runs_before=T0 - timedelta(days=1))
+    # The claim goes in again (it was pruned), but the run row insert conflicts.
+    assert b.claim([occ(0)], outcome="won_lock", gate=True, now=T0) == set()
+    assert status(a, occ(0).key) == ("claimed", None)
+
+
+def test_winner_prunes_its_schedules_older_claims(stores: Callable[[str], SqlStore]) -> None:
+    store = stores()
+    store.claim([occ(n) for n in range(10)], outcome="won_lock", gate=True, now=T0)
+    store.claim([occ(0, schedule="other")], outcome="won_lock", gate=True, now=T0)
+    store.claim(
+        [occ(100, prune_before=T0 + timedelta(seconds=5))], outcome="won_lock", gate=True, now=T0
+    )
+    with store.engine.connect() as conn:
+        left = conn.execute(sa.text("SELECT id FROM _voltro_schedule_claims ORDER BY id")).scalars()
+        assert sorted(left) == sorted(
+            [occ(n).key for n in range(5, 10)] + [occ(100).key, occ(0, schedule="other").key]
+        )
+
+
+def test_missed_and_skipped_rows_go_through_the_gate(stores: Callable[[str], SqlStore]) -> None:
+    a, b = stores("a"), stores("b")
+    missed = occ(1, status="missed", reason="late")
+    assert a.claim([missed], outcome="won_lock", gate=True, now=T0) == {missed.key}
+    assert b.claim([missed], outcome="won_lock", gate=True, now=T0) == set()
+    assert status(a, missed.key) == ("missed", "late")
+
+
+def test_single_coordination_writes_runs_only(stores: Callable[[str], SqlStore]) -> None:
+    store = stores()
+    assert store.claim([occ(0)], outcome="single", gate=False, now=T0) == {occ(0).key}
+    assert store.claim([occ(0)], outcome="single", gate=False, now=T0) == set()
+    with store.engine.connect() as conn:
+        claims = conn.execute(sa.text("SELECT count(*) FROM _voltro_schedule_claims")).scalar()
+    assert claims == 0
+
+
+def test_concurrent_claims_have_exactly_one_winner(stores: Callable[[str], SqlStore]) -> None:
+    replicas = [stores(f"r{n}") for n in range(4)]
+    batch = [occ(n) for n in range(300)]
+    wins: dict[str, set[str]] = {}
+    barrier = threading.Barrier(len(replicas))
+
+    def race(store: SqlStore) -> None:
+        barrier.wait()
+        wins[store.replica] = store.claim(batch, outcome="won_lock", gate=True, now=T0)
+
+    threads = [threading.Thread(target=race, args=(s,)) for s in replicas]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(len(w) for w in wins.values()) == len(batch)
+    assert set().union(*wins.values()) == {o.key for o in batch}
+
+
+def test_concurrent_upgrades_do_not_race(url: str) -> None:
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def boot() -> None:
+        store = open_store(url, replica="boot")
+        try:
+            barrier.wait()
+            store.upgrade()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=boot) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_mark_published_keeps_a_status_the_worker_already_moved(
+    stores: Callable[[str], SqlStore],
+) -> None:
+    store = stores()
+    store.claim([occ(0), occ(1)], outcome="won_lock", gate=True, now=T0)
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE _voltro_schedule_runs SET status = 'started' WHERE id = :k"),
+            {"k": occ(1).key},
+        )
+    store.mark_published([occ(0).key, occ(1).key], now=T0)
+    assert status(store, occ(0).key)[0] == "published"
+    assert status(store, occ(1).key)[0] == "started"
+    assert all(r["published_at"] == T0 for r in store.recent_runs())
+
+
+def test_release_stale_is_a_lease(stores: Callable[[str], SqlStore]) -> None:
+    a, b = stores("a"), stores("b")
+    a.claim([occ(0), occ(1)], outcome="won_lock", gate=True, now=T0)
+    a.mark_published([occ(1).key], now=T0)
+    later = T0 + timedelta(seconds=30)
+    assert b.release_stale(before=T0, now=later, limit=10) == []
+    taken = b.release_stale(before=later, now=later, limit=10)
+    assert [(p.key, p.task_id) for p in taken] == [(occ(0).key, occ(0).task_id)]
+    assert a.release_stale(before=later, now=later, limit=10) == []
+    b.mark_missed([occ(0).key], reason="publish_failed")
+    assert status(b, occ(0).key) == ("missed", "publish_failed")
+
+
+def test_last_scheduled_per_schedule(stores: Callable[[str], SqlStore]) -> None:
+    store = stores()
+    store.claim([occ(1), occ(7), occ(3, schedule="b")], outcome="won_lock", gate=True, now=T0)
+    assert store.last_scheduled(["s", "b", "none"]) == {
+        "s": T0 + timedelta(seconds=7),
+        "b": T0 + timedelta(seconds=3),
+    }
+
+
+def test_sweep_keeps_queued_runs(stores: Callable[[str], SqlStore]) -> None:
+    store = stores()
+    store.claim([occ(0), occ(1, status="queued")], outcome="won_lock", gate=True, now=T0)
+    gone = store.sweep(claims_before=T0 + timedelta(1), runs_before=T0 + timedelta(1))
+    assert gone == (2, 1)
+    assert [r["status"] for r in store.recent_runs()] == ["queued"]
+
+
+def test_naive_datetimes_are_refused() -> None:
+    with pytest.raises(ValueError, match="aware"):
+        Occurrence(
+            key="s@x", schedule="s", task="t", task_id="i", scheduled_at=datetime(2026, 1, 1)
+        )
+
+
+def test_unreachable_store_raises_store_error() -> None:
+    store = open_store("postgresql+psycopg://root@127.0.0.1:1/none", replica="r")
+    with pytest.raises(StoreError) as info:
+        store.claim([occ(0)], outcome="won_lock", gate=True, now=T0)
+    assert "127.0.0.1:1" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "postgresq+psycopg://root@h/db",
+        "mysql://root@h/db",
+        "not a url",
+        "postgresql+nodriver://h/d",
+    ],
+)
+def test_bad_store_urls_name_the_setting(bad: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        open_store(bad, replica="r")
+    assert info.value.field == "voltro_beat_store_url"
+
+
+def test_passwords_are_hidden() -> None:
+    shown = hide_password("postgresql+psycopg://app:s3cret@db/app")
+    assert "s3cret" not in shown
+    assert "app:***@db" in shown
