@@ -302,8 +302,15 @@ class SqlStore:
         self._write_in_chunks(stmt, keys)
 
     def _write_in_chunks(self, stmt: sa.Executable, keys: list[str]) -> None:
+        chunks = list(_chunks(keys, SQLITE_CHUNK))
+        if self.dialect == "postgresql" and len(chunks) == 1:
+            # One statement needs no transaction of its own: autocommit saves the BEGIN and
+            # COMMIT round trips on the firing path.
+            with self._connect(autocommit=True) as conn:
+                conn.execute(stmt, {"keys": chunks[0]})
+            return
         with self._connect() as conn, conn.begin():
-            for chunk in _chunks(keys, SQLITE_CHUNK):
+            for chunk in chunks:
                 conn.execute(stmt, {"keys": chunk})
 
     def release_stale(self, *, before: datetime, now: datetime, limit: int) -> list[PendingRun]:
