@@ -1,7 +1,8 @@
 """Property tests: the invariants every replica relies on, for random schedules and instants.
 
 Instants are drawn both at random and close to DST changes, where the mapping from wall time
-to real time is interesting.
+to real time is interesting. The last tests check agreement, in UTC, with croniter's own
+search and with Celery's own ``crontab.is_due``.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
+from typing import Any
 from zoneinfo import ZoneInfo
 
+from celery import Celery
+from celery.schedules import crontab
 from croniter import croniter
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
@@ -21,6 +25,7 @@ from voltro_beat.occurrences import next_after, occurrence_key, occurrences_betw
 from voltro_beat.schedules import CronSpec, IntervalSpec, Spec, cadence, to_spec
 
 US = timedelta(microseconds=1)
+MINUTE = timedelta(minutes=1)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"]
 TRANSITIONS = [
@@ -33,7 +38,7 @@ TRANSITIONS = [
 ]
 
 PROPERTIES = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much]
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.filter_too_much]
 )
 
 
@@ -284,3 +289,66 @@ def test_seconds_around_dst_changes_follow_the_definition(case: tuple[CronSpec, 
     assert list(occurrences_between(spec, start, end)) == by_definition(
         spec, seconds, timedelta(seconds=1)
     )
+
+
+# --- agreement with croniter and with Celery, in UTC --------------------------------------
+
+
+@PROPERTIES
+@given(CRON, RANDOM_INSTANTS)
+def test_utc_cron_agrees_with_croniter(expr: str, after: datetime) -> None:
+    try:
+        spec = to_spec(expr)
+    except ConfigurationError:
+        assume(False)
+        raise
+    after = after.replace(microsecond=0)
+    reference = croniter(
+        expr, after.replace(tzinfo=None), second_at_beginning=len(expr.split()) == 6
+    )
+    expected = [reference.get_next(datetime).replace(tzinfo=UTC) for _ in range(20)]
+    assert walk(spec, after, 20) == expected
+
+
+def around(day: int, low: int, high: int) -> st.SearchStrategy[str | set[int]]:
+    """A Celery crontab day field: open, or a set that includes ``day``, so it can fire."""
+    return st.one_of(
+        st.just("*"),
+        st.sets(st.integers(low, high), max_size=6).map(lambda days: days | {day}),
+    )
+
+
+@st.composite
+def celery_crontabs(draw: st.DrawFn) -> tuple[dict[str, object], datetime]:
+    start = draw(RANDOM_INSTANTS).replace(second=0, microsecond=0)
+    fields = {
+        "minute": draw(st.one_of(cron_field(0, 59), st.sets(st.integers(0, 59), min_size=1))),
+        "hour": draw(cron_field(0, 23)),
+        "day_of_week": draw(st.one_of(around(start.isoweekday() % 7, 0, 6), st.just("mon-fri"))),
+        "day_of_month": draw(around(start.day, 1, 31)),
+        "month_of_year": draw(around(start.month, 1, 12)),
+    }
+    return fields, start
+
+
+@settings(PROPERTIES, max_examples=15)  # each walks 1440 minutes through Celery
+@given(celery_crontabs())
+def test_utc_crontab_agrees_with_celery_is_due(case: tuple[dict[str, Any], datetime]) -> None:
+    fields, start = case
+    app = Celery(set_as_current=False)
+    app.conf.timezone = "UTC"
+    clock = [start]
+    try:
+        schedule = crontab(**fields, nowfun=lambda: clock[0], app=app)
+    except ValueError:  # e.g. only the 31st, in April
+        assume(False)
+        raise
+    # Celery's own beat, ticking every minute for a day.
+    fired, last_run = [], start
+    for minute in range(1, 1440 + 1):
+        clock[0] = start + timedelta(minutes=minute)
+        if schedule.is_due(last_run).is_due:
+            fired.append(clock[0])
+            last_run = clock[0]
+    window = occurrences_between(schedule, start + MINUTE, start + MINUTE * (1440 + 1))
+    assert list(window) == fired
