@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: Rows per statement on SQLite, which caps bound parameters per statement.
 SQLITE_CHUNK = 2000
+#: Rows deleted per retention transaction.
+SWEEP_BATCH = 10_000
 #: Random 64-bit key of the PostgreSQL advisory lock that serialises schema upgrades.
 MIGRATION_LOCK = 0x766F6C74726F6D67
 
@@ -363,14 +365,24 @@ class SqlStore:
 
     def sweep(self, *, claims_before: datetime, runs_before: datetime) -> tuple[int, int]:
         """Delete claims and finished runs older than the cut-offs; ``queued`` rows stay."""
-        with self._connect() as conn, conn.begin():
-            gone_claims = conn.execute(
-                sa.delete(claims).where(claims.c.claimed_at < claims_before)
-            ).rowcount
-            gone_runs = conn.execute(
-                sa.delete(runs).where(runs.c.scheduled_at < runs_before, runs.c.status != "queued")
-            ).rowcount
-        return gone_claims, gone_runs
+        return (
+            self._delete_in_batches(claims, claims.c.claimed_at < claims_before),
+            self._delete_in_batches(
+                runs, sa.and_(runs.c.scheduled_at < runs_before, runs.c.status != "queued")
+            ),
+        )
+
+    def _delete_in_batches(self, table: sa.Table, condition: sa.ColumnElement[bool]) -> int:
+        # Short transactions: a sweep over millions of rows must not hold locks for minutes.
+        doomed = sa.select(table.c.id).where(condition).limit(SWEEP_BATCH).scalar_subquery()
+        stmt = sa.delete(table).where(table.c.id.in_(doomed))
+        total = 0
+        while True:
+            with self._connect() as conn, conn.begin():
+                deleted = conn.execute(stmt).rowcount
+            total += deleted
+            if deleted < SWEEP_BATCH:
+                return total
 
     def close(self) -> None:
         self.engine.dispose()

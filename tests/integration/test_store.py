@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+from voltro_beat import store as store_module
 from voltro_beat.exceptions import ConfigurationError, StoreError
 from voltro_beat.store import Occurrence, SqlStore, hide_password, open_store
 from voltro_beat.tables import VERSION_TABLE, metadata
@@ -241,3 +242,12 @@ def test_passwords_are_hidden() -> None:
     shown = hide_password("postgresql+psycopg://app:s3cret@db/app")
     assert "s3cret" not in shown
     assert "app:***@db" in shown
+
+
+def test_sweep_deletes_in_short_batches(
+    stores: Callable[[str], SqlStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "SWEEP_BATCH", 3)
+    store = stores()
+    store.claim([occ(n) for n in range(10)], outcome="won_lock", gate=True, now=T0)
+    assert store.sweep(claims_before=T0 + timedelta(1), runs_before=T0 + timedelta(1)) == (10, 10)
