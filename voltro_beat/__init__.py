@@ -5,8 +5,23 @@ Start beat with ``celery -A proj beat -S voltro``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from voltro_beat.exceptions import ConfigurationError, StoreError, VoltroBeatError
+
+if TYPE_CHECKING:
+    from voltro_beat.signals import attach
 
 __version__ = "0.1.0"
 
-__all__ = ["ConfigurationError", "StoreError", "VoltroBeatError", "__version__"]
+__all__ = ["ConfigurationError", "StoreError", "VoltroBeatError", "__version__", "attach"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: ``import voltro_beat`` (the pure occurrence maths, the CLI) must not pull in
+    # Celery's signals and SQLAlchemy; ``voltro_beat.attach`` imports them on first use.
+    if name == "attach":
+        from voltro_beat.signals import attach
+
+        return attach
+    raise AttributeError(f"module 'voltro_beat' has no attribute {name!r}")

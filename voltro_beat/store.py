@@ -72,6 +72,31 @@ class PendingRun:
     scheduled_at: datetime
 
 
+@dataclass(frozen=True, slots=True)
+class RunChange:
+    """One run-ledger transition for :meth:`SqlStore.advance_run` (see :mod:`voltro_beat.ledger`).
+
+    The row -- found by ``key``, else by ``task_id`` -- moves to ``status`` if its status is in
+    ``from_statuses``, or in ``attempt_statuses`` with ``retries <= attempt``. ``stamp`` names
+    the columns the move writes: ``start`` (started_at = now, worker, retries = attempt),
+    ``retry`` (retries = attempt + 1, reason) or ``finish`` (finished_at = now, duration,
+    error, reason; ``started_at`` and ``worker`` only fill in what was never recorded).
+    """
+
+    status: str
+    stamp: str
+    from_statuses: frozenset[str]
+    attempt_statuses: frozenset[str]
+    now: datetime
+    key: str | None = None
+    task_id: str | None = None
+    attempt: int = 0
+    worker: str | None = None
+    started_at: datetime | None = None
+    reason: str | None = None
+    error: str | None = None
+
+
 class Store(Protocol):
     """What the scheduler needs from a store."""
 
@@ -399,6 +424,214 @@ class SqlStore:
                 yield conn
         except SQLAlchemyError as exc:
             raise StoreError(f"store {self.display_url}: {_first_line(exc)}") from exc
+
+    # -- ledger --------------------------------------------------------------------------
+    # Worker-side writes of the run ledger (voltro_beat.ledger decides, voltro_beat.signals
+    # calls). Each is one statement: workers run them on every task, often in parallel.
+
+    _ledger_statements: dict[tuple[Any, ...], sa.Select[Any] | sa.Update] | None = None
+    _ledger_sql: dict[tuple[Any, ...], str] | None = None
+    _ledger_local: threading.local | None = None
+
+    def advance_run(self, change: RunChange) -> bool:
+        """Apply one ledger transition as a single conditional UPDATE; True if the row moved.
+
+        Nothing moves when the row is missing or its status is not one the transition moves
+        from, so duplicate and late events are no-ops and concurrent writers need no
+        read-then-write (PostgreSQL re-checks the WHERE clause against the row a concurrent
+        writer just committed).
+        """
+        if change.key is None and change.task_id is None:
+            raise ValueError("advance_run needs a key or a task id")
+        shape = (
+            change.stamp,
+            change.key is not None,
+            change.from_statuses,
+            change.attempt_statuses,
+        )
+        params = {
+            "l_key": change.key,
+            "l_task_id": change.task_id,
+            "l_status": change.status,
+            "l_attempt": change.attempt,
+            "l_retries": change.attempt + 1 if change.stamp == "retry" else change.attempt,
+            "l_now": change.now,
+            "l_worker": change.worker,
+            "l_started_at": change.started_at,
+            "l_reason": change.reason,
+            "l_error": change.error,
+        }
+        return self._ledger_execute(shape, params) is not None
+
+    def run_status(self, key: str) -> str | None:
+        """The status of run ``key``, or None if there is no such row."""
+        status = self._ledger_execute(("status",), {"l_key": key})
+        return None if status is None else str(status)
+
+    def _ledger_execute(self, shape: tuple[Any, ...], params: dict[str, Any]) -> Any:
+        """Run the ledger statement ``shape`` on this thread's ledger connection.
+
+        Returns the first column of the first row (None if no row). The worker writes twice
+        per task, so the connection is checked out once and kept (per thread), not taken from
+        the pool per write: a checkout's pre-ping and reset cost more than the UPDATE. A
+        connection the server dropped is replaced and the statement retried once (every
+        ledger statement is safe to repeat).
+        """
+        for attempt in (1, 2):
+            conn = self._ledger_connection()
+            try:
+                if self.dialect == "postgresql":
+                    return self._ledger_execute_pg(conn, shape, params)
+                # SQLite keeps its BEGIN IMMEDIATE so that writers queue on the busy timeout.
+                with conn.begin():
+                    return conn.execute(self._ledger_statement(shape), params).scalar()
+            except SQLAlchemyError as exc:
+                self._ledger_drop()
+                lost = isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated
+                if attempt == 1 and lost:
+                    continue
+                raise StoreError(f"store {self.display_url}: {_first_line(exc)}") from exc
+            except Exception as exc:
+                # psycopg's own errors, from the fast path below.
+                driver = conn.connection.driver_connection
+                lost = driver is None or driver.closed or getattr(driver, "broken", False)
+                self._ledger_drop()
+                if attempt == 1 and lost:
+                    continue
+                raise StoreError(f"store {self.display_url}: {_first_line(exc)}") from exc
+        raise AssertionError("unreachable")
+
+    def _ledger_execute_pg(
+        self, conn: Connection, shape: tuple[Any, ...], params: dict[str, Any]
+    ) -> Any:
+        # The statement is compiled to SQL once; each write then goes to psycopg directly, in
+        # autocommit: one round trip, and none of SQLAlchemy's per-execution work, which on
+        # a busy worker costs about as much as the UPDATE itself. Parameters are our own
+        # aware datetimes, strings and ints, which psycopg adapts as SQLAlchemy would.
+        if self._ledger_sql is None:
+            self._ledger_sql = {}
+        sql = self._ledger_sql.get(shape)
+        if sql is None:
+            sql = str(self._ledger_statement(shape).compile(dialect=self.engine.dialect))
+            self._ledger_sql[shape] = sql
+        driver = conn.connection.driver_connection
+        assert driver is not None, "a live ledger connection has a driver connection"
+        row = driver.execute(sql, params).fetchone()
+        return None if row is None else row[0]
+
+    def _ledger_connection(self) -> Connection:
+        if self._ledger_local is None:
+            self._ledger_local = threading.local()
+        conn: Connection | None = getattr(self._ledger_local, "conn", None)
+        if conn is None or conn.closed or conn.invalidated:
+            try:
+                conn = self.engine.connect()
+                if self.dialect == "postgresql":
+                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                    # Status updates do not wait for the WAL flush: a database crash may lose
+                    # the last fraction of a second of them (a row then shows an earlier
+                    # status; rows and claims, written by beat, stay fully durable). This
+                    # halves the ledger's cost per task and keeps it flat while other writers
+                    # keep the disk busy.
+                    conn.exec_driver_sql("SET synchronous_commit = off")
+            except SQLAlchemyError as exc:
+                if conn is not None:
+                    conn.invalidate()
+                    conn.close()
+                raise StoreError(f"store {self.display_url}: {_first_line(exc)}") from exc
+            self._ledger_local.conn = conn
+        return conn
+
+    def _ledger_drop(self) -> None:
+        conn = getattr(self._ledger_local, "conn", None)
+        if self._ledger_local is not None:
+            self._ledger_local.conn = None
+        if conn is not None:
+            try:
+                conn.invalidate()
+                conn.close()
+            except Exception:
+                # A broken connection may fail to close; it is being replaced either way.
+                logger.debug("closing a broken ledger connection failed", exc_info=True)
+
+    def _ledger_statement(self, shape: tuple[Any, ...]) -> sa.Select[Any] | sa.Update:
+        """The statement of ``shape``: ``("status",)`` or (stamp, by_key, from, attempt_from)."""
+        # Built once per shape: a worker runs the same few statements all day.
+        if self._ledger_statements is None:
+            self._ledger_statements = {}
+        cache = self._ledger_statements
+        stmt = cache.get(shape)
+        if stmt is not None:
+            return stmt
+        if shape == ("status",):
+            stmt = sa.select(runs.c.status).where(runs.c.id == sa.bindparam("l_key", type_=sa.Text))
+        else:
+            stmt = self._ledger_update(*shape)
+        cache[shape] = stmt
+        return stmt
+
+    def _ledger_update(
+        self,
+        stamp: str,
+        by_key: bool,
+        from_statuses: frozenset[str],
+        attempt_statuses: frozenset[str],
+    ) -> sa.Update:
+        when = runs.c.started_at.type
+        now = sa.bindparam("l_now", type_=when)
+        started = sa.func.coalesce(runs.c.started_at, sa.bindparam("l_started_at", type_=when))
+
+        def among(statuses: frozenset[str]) -> sa.ColumnElement[bool]:
+            # Inlined: the sets are constants of the state machine, so the SQL text is fixed.
+            return runs.c.status.in_([sa.literal_column(f"'{s}'") for s in sorted(statuses)])
+
+        moves = among(from_statuses)
+        if attempt_statuses:
+            moves = sa.or_(
+                moves,
+                sa.and_(
+                    among(attempt_statuses),
+                    runs.c.retries <= sa.bindparam("l_attempt", type_=sa.Integer),
+                ),
+            )
+        target = (
+            runs.c.id == sa.bindparam("l_key", type_=sa.Text)
+            if by_key
+            else runs.c.task_id == sa.bindparam("l_task_id", type_=sa.Text)
+        )
+        values: dict[str, Any] = {"status": sa.bindparam("l_status", type_=sa.Text)}
+        if stamp == "start":
+            values.update(
+                started_at=now,
+                worker=sa.bindparam("l_worker", type_=sa.Text),
+                retries=sa.bindparam("l_retries", type_=sa.Integer),
+            )
+        elif stamp == "retry":
+            values.update(
+                retries=sa.bindparam("l_retries", type_=sa.Integer),
+                reason=sa.bindparam("l_reason", type_=sa.Text),
+            )
+        elif stamp == "finish":
+            if self.dialect == "postgresql":
+                seconds: Any = sa.extract(
+                    "epoch", sa.cast(now, sa.DateTime(timezone=True)) - started
+                )
+            else:
+                # julianday() is a double of days: about 10 us of noise, so keep milliseconds.
+                seconds = sa.func.round(
+                    (sa.func.julianday(now) - sa.func.julianday(started)) * 86400.0, 3
+                )
+            values.update(
+                finished_at=now,
+                started_at=started,
+                duration=sa.cast(seconds, sa.Float),
+                error=sa.bindparam("l_error", type_=sa.Text),
+                reason=sa.func.coalesce(sa.bindparam("l_reason", type_=sa.Text), runs.c.reason),
+                worker=sa.func.coalesce(runs.c.worker, sa.bindparam("l_worker", type_=sa.Text)),
+            )
+        else:
+            raise ValueError(f"unknown ledger stamp {stamp!r}")
+        return sa.update(runs).where(target, moves).values(**values).returning(runs.c.id)
 
 
 def _configure_sqlite(engine: Engine) -> None:

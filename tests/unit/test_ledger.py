@@ -1,0 +1,234 @@
+"""The run ledger's state machine (voltro_beat.ledger): every pair of events, random orders."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from voltro_beat import ledger
+from voltro_beat.ledger import Event, RunState, apply, progress, transition
+from voltro_beat.tables import STATUSES
+
+PUBLISHED = RunState("published")
+TERMINAL_EVENTS = [
+    Event.SUCCEEDED,
+    Event.FAILED,
+    Event.REVOKED,
+    Event.REJECTED,
+    Event.WORKER_LOST,
+    Event.TIME_LIMIT,
+    Event.UNKNOWN_TASK,
+]
+EXPECTED_STATUS = {
+    Event.STARTED: "started",
+    Event.RETRYING: "retrying",
+    Event.SUCCEEDED: "succeeded",
+    Event.FAILED: "failed",
+    Event.REVOKED: "revoked",
+    Event.REJECTED: "rejected",
+    Event.WORKER_LOST: "failed",
+    Event.TIME_LIMIT: "failed",
+    Event.UNKNOWN_TASK: "failed",
+}
+
+
+def run(events: list[tuple[Event, int]], state: RunState = PUBLISHED) -> RunState:
+    for event, attempt in events:
+        state = apply(state, event, attempt)
+    return state
+
+
+def test_every_event_maps_to_a_known_status() -> None:
+    assert set(Event) == set(EXPECTED_STATUS)
+    for event, status in EXPECTED_STATUS.items():
+        assert transition(event).status == status
+        assert status in STATUSES
+    assert ledger.TERMINAL | ledger.LIVE | {ledger.QUEUED} == set(STATUSES)
+    assert not ledger.TERMINAL & ledger.LIVE
+
+
+def test_transitions_accept_event_values() -> None:
+    assert transition("worker_lost") is transition(Event.WORKER_LOST)
+    with pytest.raises(ValueError):
+        transition("exploded")
+
+
+@pytest.mark.parametrize(("first", "second"), list(itertools.product(Event, Event)))
+def test_every_pair_of_events(first: Event, second: Event) -> None:
+    """Two events of the same attempt, in this order, on a published run."""
+    final = run([(first, 0), (second, 0)])
+    if first in TERMINAL_EVENTS:
+        # Terminal states win: nothing after them counts, a duplicate included.
+        assert final == RunState(EXPECTED_STATUS[first])
+    elif second in TERMINAL_EVENTS:
+        assert final.status == EXPECTED_STATUS[second]
+    elif (first, second) == (Event.STARTED, Event.STARTED):
+        # A redelivery of the same attempt (acks_late after a crash) starts again.
+        assert final == RunState("started", 0)
+    else:
+        # After a retry of attempt 0 the row is at attempt 1: attempt 0's events are stale.
+        assert final == RunState("retrying", 1)
+
+
+@pytest.mark.parametrize("event", list(Event))
+@pytest.mark.parametrize("status", ["queued", "missed", "skipped"])
+def test_worker_events_leave_beat_only_rows_alone(event: Event, status: str) -> None:
+    assert apply(RunState(status), event, 0) == RunState(status)
+
+
+@pytest.mark.parametrize("event", list(Event))
+def test_a_claimed_row_moves_like_a_published_one(event: Event) -> None:
+    # The worker can start before beat marked the row published.
+    assert apply(RunState("claimed"), event) == apply(PUBLISHED, event)
+
+
+def test_a_retried_run_cycles_through_its_attempts() -> None:
+    history = [
+        (Event.STARTED, 0),
+        (Event.RETRYING, 0),
+        (Event.STARTED, 1),
+        (Event.RETRYING, 1),
+        (Event.STARTED, 2),
+        (Event.SUCCEEDED, 2),
+    ]
+    states = []
+    state = PUBLISHED
+    for event, attempt in history:
+        state = apply(state, event, attempt)
+        states.append(state)
+    assert states == [
+        RunState("started", 0),
+        RunState("retrying", 1),
+        RunState("started", 1),
+        RunState("retrying", 2),
+        RunState("started", 2),
+        RunState("succeeded", 2),
+    ]
+
+
+def test_late_events_of_an_older_attempt_change_nothing() -> None:
+    # The retried delivery started (attempt 1) before attempt 0's retry signal was written.
+    state = run([(Event.STARTED, 0), (Event.STARTED, 1), (Event.RETRYING, 0), (Event.STARTED, 0)])
+    assert state == RunState("started", 1)
+
+
+def test_hard_time_limit_reported_twice_and_prerun_after_revoke() -> None:
+    assert run([(Event.STARTED, 0), (Event.TIME_LIMIT, 0), (Event.TIME_LIMIT, 0)]) == RunState(
+        "failed"
+    )
+    assert run([(Event.REVOKED, 0), (Event.STARTED, 0), (Event.SUCCEEDED, 0)]) == RunState(
+        "revoked"
+    )
+
+
+def test_transition_shapes_match_the_reference() -> None:
+    """The store builds its WHERE clause from these sets; ``apply`` is their meaning."""
+    for event in Event:
+        move = transition(event)
+        for status, retries, attempt in itertools.product(STATUSES, range(3), range(3)):
+            state = RunState(status, retries)
+            moved = apply(state, event, attempt)
+            expected = status in move.from_statuses or (
+                status in move.attempt_statuses and retries <= attempt
+            )
+            assert move.allows(state, attempt) is expected
+            if not expected:
+                assert moved is state
+
+
+# -- random orders -------------------------------------------------------------------------
+
+non_terminal = st.tuples(st.sampled_from([Event.STARTED, Event.RETRYING]), st.integers(0, 4))
+any_event = st.tuples(st.sampled_from(list(Event)), st.integers(0, 4))
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> tuple[list[tuple[Event, int]], Event | None]:
+    """One run's events as Celery could produce them, then delivered in any order.
+
+    Attempts 0..n each start; all but the last retried; the last may end in one terminal
+    event, possibly reported twice (the hard time limit's double task_failure) -- or not at
+    all (the worker died and the message has not come back yet). Then duplicates are added
+    and the whole lot shuffled.
+    """
+    attempts = draw(st.integers(0, 3))
+    events: list[tuple[Event, int]] = []
+    for attempt in range(attempts + 1):
+        events.append((Event.STARTED, attempt))
+        if attempt < attempts:
+            events.append((Event.RETRYING, attempt))
+    terminal = draw(st.one_of(st.none(), st.sampled_from(TERMINAL_EVENTS)))
+    if terminal is not None:
+        events.extend([(terminal, attempts)] * draw(st.integers(1, 2)))
+    events.extend(draw(st.lists(st.sampled_from(events), max_size=4)))
+    return draw(st.permutations(events)), terminal
+
+
+@given(histories())
+def test_any_order_ends_in_the_terminal_events_state(
+    history: tuple[list[tuple[Event, int]], Event | None],
+) -> None:
+    events, terminal = history
+    final = run(events)
+    if terminal is not None:
+        assert final.status == EXPECTED_STATUS[terminal]
+    else:
+        # No end yet: the furthest attempt any event reported, whatever the arrival order.
+        furthest = max(progress(apply(PUBLISHED, e, a)) for e, a in events)
+        assert final.status in ledger.RUNNING
+        assert progress(final) == furthest
+
+
+@given(st.lists(any_event, max_size=12), st.sampled_from(["claimed", "published"]))
+def test_progress_never_goes_back_and_terminal_states_stick(
+    events: list[tuple[Event, int]], start: str
+) -> None:
+    state = RunState(start)
+    first_terminal: Event | None = None
+    for event, attempt in events:
+        after = apply(state, event, attempt)
+        assert progress(after) >= progress(state)
+        if state.status in ledger.TERMINAL:
+            assert after == state
+        if first_terminal is None and event in TERMINAL_EVENTS:
+            first_terminal = event
+        state = after
+    if first_terminal is not None:
+        # Every terminal event moves any live row, so the first one decides.
+        assert state.status == EXPECTED_STATUS[first_terminal]
+
+
+@given(st.lists(non_terminal, max_size=12))
+def test_non_terminal_events_commute(events: list[tuple[Event, int]]) -> None:
+    """The state depends on which events arrived, not on their order."""
+    assert run(events) == run(sorted(events, key=lambda e: progress(apply(PUBLISHED, *e))))
+
+
+# -- texts ---------------------------------------------------------------------------------
+
+
+def test_describe_error_is_bounded_and_names_the_type() -> None:
+    assert ledger.describe_error(ValueError("boom")) == "ValueError: boom"
+    assert ledger.describe_error(KeyError()) == "KeyError"
+    long = ledger.describe_error(RuntimeError("x" * 5000))
+    assert len(long) == ledger.MAX_TEXT and long.startswith("RuntimeError: xxx")
+    assert long.endswith("\u2026")
+
+
+def test_describe_error_survives_a_broken_str() -> None:
+    class Weird(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    assert ledger.describe_error(Weird()) == "Weird"
+
+
+def test_describe_error_does_not_repeat_a_self_naming_message() -> None:
+    class SelfNaming(Exception):
+        def __str__(self) -> str:
+            return "SelfNaming(1,)"
+
+    assert ledger.describe_error(SelfNaming()) == "SelfNaming(1,)"

@@ -1,0 +1,192 @@
+"""The run ledger's state machine: which worker event moves a run row to which status.
+
+Pure: no I/O, no clock reads, no SQLAlchemy or Celery. :mod:`voltro_beat.signals` turns Celery
+signals into :class:`Event` values and the store applies each :class:`Transition` as ONE
+conditional UPDATE (``... WHERE id = :key AND (status IN :from_statuses OR (status IN
+:attempt_statuses AND retries <= :attempt))``), so concurrent writers (the pool child, the
+worker's main process, another worker holding a redelivered copy) never read-then-write.
+
+The rules:
+
+* **Terminal statuses win.** ``succeeded``, ``failed``, ``revoked`` and ``rejected`` (and the
+  beat-side ``missed`` / ``skipped``) are never left: a late or duplicate event changes nothing
+  (Celery sends ``task_failure`` twice on a hard time limit; a prerun may arrive after a
+  revoke the main process already recorded).
+* **Monotonic.** Non-terminal moves never go back: :func:`progress` never decreases. A task
+  that retries cycles ``started -> retrying -> started``, so the row's ``retries`` column (the
+  attempt number, Celery's ``request.retries``) is part of the state: an event of an older
+  attempt than the row's is stale and changes nothing. ``started`` of the *same* attempt is
+  allowed again, because that is a redelivery (acks_late after a worker crash) running anew.
+* Worker events only move rows that were published (``claimed`` or later); ``queued``,
+  ``missed`` and ``skipped`` rows belong to beat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+CLAIMED = "claimed"
+PUBLISHED = "published"
+STARTED = "started"
+RETRYING = "retrying"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+REVOKED = "revoked"
+REJECTED = "rejected"
+MISSED = "missed"
+SKIPPED = "skipped"
+QUEUED = "queued"
+
+#: Statuses no event ever leaves.
+TERMINAL = frozenset({SUCCEEDED, FAILED, REVOKED, REJECTED, MISSED, SKIPPED})
+#: Statuses a worker event may move a row from, whatever attempt it belongs to.
+BEFORE_START = frozenset({CLAIMED, PUBLISHED})
+#: Statuses of a run some attempt of which is (or was) on a worker.
+RUNNING = frozenset({STARTED, RETRYING})
+#: Every status a worker event may move a row from.
+LIVE = BEFORE_START | RUNNING
+
+#: Longest ``error`` / ``reason`` text written to a run row (exception messages can be huge).
+MAX_TEXT = 1000
+
+
+class Event(StrEnum):
+    """What a worker reports about one delivery of an occurrence."""
+
+    STARTED = "started"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    REVOKED = "revoked"
+    REJECTED = "rejected"
+    WORKER_LOST = "worker_lost"
+    TIME_LIMIT = "time_limit"
+    UNKNOWN_TASK = "unknown_task"
+
+
+class Stamp(StrEnum):
+    """Which columns a transition writes besides ``status``."""
+
+    #: ``started_at``, ``worker``, ``retries = attempt``.
+    START = "start"
+    #: ``retries = attempt + 1``, ``reason``.
+    RETRY = "retry"
+    #: ``finished_at``, ``duration``, ``error``, ``reason``.
+    FINISH = "finish"
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """The effect of one :class:`Event`: the status it moves to and the statuses it moves from.
+
+    A row moves to ``status`` if its status is in ``from_statuses``, or in
+    ``attempt_statuses`` and its ``retries`` is at most the event's attempt.
+    """
+
+    event: Event
+    status: str
+    stamp: Stamp
+    from_statuses: frozenset[str]
+    attempt_statuses: frozenset[str] = frozenset()
+
+    def allows(self, state: RunState, attempt: int = 0) -> bool:
+        """Whether a row in ``state`` moves when this event of ``attempt`` arrives."""
+        if state.status in self.from_statuses:
+            return True
+        return state.status in self.attempt_statuses and state.retries <= attempt
+
+    def retries_after(self, state: RunState, attempt: int) -> int:
+        """The row's ``retries`` once this event of ``attempt`` moved it."""
+        if self.stamp is Stamp.START:
+            return attempt
+        if self.stamp is Stamp.RETRY:
+            return attempt + 1
+        return state.retries
+
+
+def _finish(event: Event, status: str) -> Transition:
+    # A terminal event ends the run whatever attempt reported it: Celery sends no terminal
+    # event for an attempt it then runs again (a requeue is silent), so there is no stale one.
+    return Transition(event, status, Stamp.FINISH, LIVE)
+
+
+#: Every event's transition.
+TRANSITIONS: Mapping[Event, Transition] = {
+    Event.STARTED: Transition(Event.STARTED, STARTED, Stamp.START, BEFORE_START, RUNNING),
+    Event.RETRYING: Transition(Event.RETRYING, RETRYING, Stamp.RETRY, BEFORE_START, RUNNING),
+    Event.SUCCEEDED: _finish(Event.SUCCEEDED, SUCCEEDED),
+    Event.FAILED: _finish(Event.FAILED, FAILED),
+    Event.REVOKED: _finish(Event.REVOKED, REVOKED),
+    Event.REJECTED: _finish(Event.REJECTED, REJECTED),
+    # The main-process failure paths are failures like any other; the row's error says which.
+    Event.WORKER_LOST: _finish(Event.WORKER_LOST, FAILED),
+    Event.TIME_LIMIT: _finish(Event.TIME_LIMIT, FAILED),
+    Event.UNKNOWN_TASK: _finish(Event.UNKNOWN_TASK, FAILED),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    """The part of a run row the state machine reads: its status and attempt number."""
+
+    status: str
+    retries: int = 0
+
+
+def transition(event: Event | str) -> Transition:
+    """The transition of ``event`` (an :class:`Event` or its value)."""
+    return TRANSITIONS[Event(event)]
+
+
+def apply(state: RunState, event: Event | str, attempt: int = 0) -> RunState:
+    """The state after ``event`` of ``attempt`` reached a row in ``state``.
+
+    Returns ``state`` itself when the event changes nothing. This is the reference the store's
+    conditional UPDATE implements; the unit tests hold both to it.
+    """
+    move = transition(event)
+    if not move.allows(state, attempt):
+        return state
+    return RunState(move.status, move.retries_after(state, attempt))
+
+
+def progress(state: RunState) -> int:
+    """How far a run has got: never decreases under :func:`apply`.
+
+    ``claimed`` 0, ``published`` 1, then the attempts interleave: ``started`` of attempt *n*
+    is 2n + 3, ``retrying`` after attempt *n* (stored as retries n + 1) is 2n + 4.
+    """
+    if state.status in TERMINAL:
+        return 2**62
+    if state.status == CLAIMED:
+        return 0
+    if state.status == PUBLISHED:
+        return 1
+    if state.status == STARTED:
+        return 2 * state.retries + 3
+    if state.status == RETRYING:
+        return 2 * state.retries + 2
+    # ``queued`` has not been published: before everything a worker reports.
+    return -1
+
+
+def bounded(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` cut to at most ``limit`` characters (marked with an ellipsis when cut)."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - 1] + "\u2026"
+
+
+def describe_error(exc: BaseException, limit: int = MAX_TEXT) -> str:
+    """``"ExceptionType: message"``, bounded, for a run row's ``error`` column."""
+    name = type(exc).__name__
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not cost the ledger entry
+        message = ""
+    if not message or message.startswith(name):
+        # Some exceptions (Celery's TimeLimitExceeded) already render as "Name(...)".
+        return bounded(message or name, limit)
+    return bounded(f"{name}: {message}", limit)

@@ -1,0 +1,523 @@
+"""Celery wiring of the run ledger: ``voltro_beat.attach(app)``.
+
+One line in the app module, ``voltro_beat.attach(app)``, makes every worker of that app record
+the runs of the occurrences voltro_beat published in the runs table. The decisions live in
+:mod:`voltro_beat.ledger` (pure) and the SQL in :mod:`voltro_beat.store`; this module only maps
+Celery signals to ledger events:
+
+=========================  =============  ==========================================
+signal                     process        event
+=========================  =============  ==========================================
+task_prerun                pool child     started (and the duplicate guard's check)
+task_retry                 child / main   retrying
+task_success               pool child     succeeded
+task_failure               child / main   failed, worker_lost, time_limit, rejected
+task_internal_error        pool child     failed
+task_postrun               pool child     rejected (``Reject(requeue=False)``)
+task_revoked               main           revoked
+task_unknown               main           unknown_task
+task_rejected              main           rejected (a message the worker cannot read)
+=========================  =============  ==========================================
+
+A delivery is voltro_beat's when its message carries the ``voltro_occurrence`` header (Celery
+copies custom headers onto ``task.request``). Where Celery's failure path offers only the task
+id (the hard time limit's ``task_failure`` from the main process), the row is found by its task
+id, which voltro_beat always makes a version-5 UUID: other tasks cost no query. Every handler
+swallows and logs its own errors, so the ledger can never break a task.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+import weakref
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from celery import Celery, signals
+from celery.exceptions import Ignore, Reject, TimeLimitExceeded, WorkerLostError
+
+from voltro_beat import ledger
+from voltro_beat.config import Settings
+from voltro_beat.ledger import Event
+from voltro_beat.store import RunChange, SqlStore, open_store
+
+logger = logging.getLogger(__name__)
+
+#: The message header naming the occurrence a delivery runs (set by the publisher).
+OCCURRENCE_HEADER = "voltro_occurrence"
+#: Prefix of every signal receiver's ``dispatch_uid``: connecting twice is a no-op.
+DISPATCH_UID = "voltro_beat.ledger"
+
+#: Attribute of the Celery app holding its recorder (set by :func:`attach`).
+_APP_ATTR = "_voltro_beat_ledger"
+#: Attributes set on ``task.request`` (one Celery ``Context`` per delivery) between signals.
+_DUPLICATE = "voltro_duplicate"
+_STARTED_AT = "voltro_started_at"
+#: Marks the ``before_start`` wrappers installed by the duplicate guard.
+_GUARD_MARK = "_voltro_guard_wraps"
+
+
+def attach(app: Celery) -> None:
+    """Record the runs of voltro_beat's occurrences from this app's workers.
+
+    Call it once in the module that defines the Celery app, next to the app::
+
+        app = Celery("proj")
+        voltro_beat.attach(app)
+
+    Idempotent, and harmless in beat and in client processes: it only connects signal
+    receivers (which fire in workers) and opens no connection; each worker process opens its
+    own lazily, after the fork. The store URL and the duplicate guard come from the app's
+    ``voltro_beat_*`` settings, read at the first recorded event.
+    """
+    if not isinstance(getattr(app, _APP_ATTR, None), _Recorder):
+        setattr(app, _APP_ATTR, _Recorder(app))
+    _connect_receivers()
+    if app.finalized:
+        # Tasks already bound (say, attach() after the worker started importing): wrap them
+        # now; worker_init wraps whatever is registered later, before the tracers are built.
+        _install_guard(app)
+
+
+class _Recorder:
+    """One app's ledger writer in one process: the store opens lazily, once per process."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        #: The worker's node name, for rows written by its main process.
+        self.hostname: str | None = None
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._store: SqlStore | None = None
+        self._guard = True
+        self._failing = False
+        _RECORDERS.add(self)
+
+    def store(self) -> SqlStore | None:
+        """This process's store, opened on first use; None if the ledger cannot be written."""
+        pid = os.getpid()
+        if self._pid != pid:
+            with self._lock:
+                if self._pid != pid:
+                    # A forked child must never use the parent's pooled connections.
+                    self._drop()
+                    self._open()
+                    self._pid = pid
+        return self._store
+
+    @property
+    def guard(self) -> bool:
+        """Whether the duplicate delivery guard is on (read with the settings)."""
+        self.store()
+        return self._guard
+
+    def reset(self) -> None:
+        """Forget the store (in a freshly forked child); the next event opens a new one."""
+        with self._lock:
+            self._drop()
+            self._pid = None
+
+    def record(self, event: Event, *, now: datetime, **fields: Any) -> bool | None:
+        """Apply ``event`` to its row: True if it moved, False if not, None if unwritable."""
+        store = self.store()
+        if store is None:
+            return None
+        move = ledger.transition(event)
+        change = RunChange(
+            status=move.status,
+            stamp=move.stamp,
+            from_statuses=move.from_statuses,
+            attempt_statuses=move.attempt_statuses,
+            now=now,
+            **fields,
+        )
+        try:
+            moved = store.advance_run(change)
+        except Exception as exc:
+            self._failed(event, change.key or change.task_id, exc)
+            return None
+        self._recovered()
+        return moved
+
+    def status(self, key: str) -> str | None:
+        """The recorded status of ``key`` (None if unknown or unreadable)."""
+        store = self.store()
+        if store is None:
+            return None
+        try:
+            status = store.run_status(key)
+        except Exception as exc:
+            self._failed("status read", key, exc)
+            return None
+        self._recovered()
+        return status
+
+    def _open(self) -> None:
+        try:
+            settings = Settings.from_config(self.app.conf)
+            store = open_store(settings.store_url, replica=settings.replica)
+        except Exception as exc:
+            # A configuration error is the beat's to report; workers keep running tasks.
+            logger.error("voltro_beat ledger disabled in this process: %s", exc)
+            return
+        self._guard = settings.duplicate_guard
+        if not isinstance(store, SqlStore):
+            logger.warning(
+                "voltro_beat ledger disabled: store %s cannot be shared with workers",
+                store.display_url,
+            )
+            return
+        self._store = store
+
+    def _drop(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            # close=False: the sockets belong to the parent process, which still uses them.
+            store.engine.dispose(close=False)
+
+    def _failed(self, what: object, target: str | None, exc: Exception) -> None:
+        # One warning per outage, not one per task.
+        level = logging.DEBUG if self._failing else logging.WARNING
+        self._failing = True
+        logger.log(level, "voltro_beat ledger: could not record %s for %s: %s", what, target, exc)
+
+    def _recovered(self) -> None:
+        if self._failing:
+            self._failing = False
+            logger.warning("voltro_beat ledger: recording again")
+
+
+_RECORDERS: weakref.WeakSet[_Recorder] = weakref.WeakSet()
+
+
+def _recorder(app: Any) -> _Recorder | None:
+    recorder = getattr(app, _APP_ATTR, None)
+    return recorder if isinstance(recorder, _Recorder) else None
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _occurrence(request: Any) -> str | None:
+    """The occurrence key a delivery carries, or None for tasks voltro_beat did not publish."""
+    key = getattr(request, OCCURRENCE_HEADER, None)
+    if key is None:
+        headers = getattr(request, "headers", None)
+        if isinstance(headers, dict):
+            key = headers.get(OCCURRENCE_HEADER)
+    return key if isinstance(key, str) and key else None
+
+
+def _may_be_ours(task_id: Any) -> bool:
+    """Whether ``task_id`` can be an occurrence's: voltro_beat's task ids are uuid5."""
+    try:
+        return uuid.UUID(str(task_id)).version == 5
+    except ValueError:
+        return False
+
+
+def _worker(hostname: str | None) -> str:
+    return f"{hostname or 'unknown'}:{os.getpid()}"
+
+
+def _quietly(handler: Callable[..., None]) -> Callable[..., None]:
+    """Log, never raise: a ledger problem must not break the task or the worker."""
+
+    def receiver(*args: Any, **kwargs: Any) -> None:
+        try:
+            handler(*args, **kwargs)
+        except Exception:
+            logger.exception("voltro_beat ledger: %s failed", handler.__name__)
+
+    receiver.__name__ = handler.__name__
+    receiver.__qualname__ = handler.__qualname__
+    return receiver
+
+
+# -- pool child: the task's own request is current ------------------------------------------
+
+
+@_quietly
+def _on_prerun(sender: Any = None, task_id: Any = None, task: Any = None, **_: Any) -> None:
+    task = task if task is not None else sender
+    request = task.request
+    key = _occurrence(request)
+    if key is None:
+        return
+    recorder = _recorder(task.app)
+    if recorder is None:
+        return
+    now = _now()
+    setattr(request, _STARTED_AT, now)
+    moved = recorder.record(
+        Event.STARTED,
+        now=now,
+        key=key,
+        attempt=request.retries or 0,
+        worker=_worker(request.hostname),
+    )
+    # The guard costs nothing on the normal path: only a start that did not move the row
+    # (the run is already terminal, or there is no row) reads the status.
+    if moved is False and recorder.guard and recorder.status(key) == ledger.SUCCEEDED:
+        setattr(request, _DUPLICATE, True)
+        if getattr(type(task).before_start, _GUARD_MARK, None) is None:
+            logger.warning(
+                "voltro_beat: occurrence %s already succeeded but task %s has no duplicate "
+                "guard (was voltro_beat.attach(app) called before the worker started?); "
+                "running it again",
+                key,
+                task.name,
+            )
+        else:
+            logger.info(
+                "voltro_beat: occurrence %s already succeeded; skipping duplicate delivery %s",
+                key,
+                task_id,
+            )
+
+
+@_quietly
+def _on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
+    key = _occurrence(request)
+    recorder = _recorder(sender.app) if key is not None else None
+    if recorder is None:
+        return
+    recorder.record(
+        Event.RETRYING,
+        now=_now(),
+        key=key,
+        attempt=request.retries or 0,
+        reason=ledger.bounded(str(reason)),
+    )
+
+
+@_quietly
+def _on_success(sender: Any = None, **_: Any) -> None:
+    request = sender.request
+    key = _occurrence(request)
+    recorder = _recorder(sender.app) if key is not None else None
+    if recorder is None:
+        return
+    recorder.record(
+        Event.SUCCEEDED,
+        now=_now(),
+        key=key,
+        worker=_worker(request.hostname),
+        started_at=getattr(request, _STARTED_AT, None),
+    )
+
+
+@_quietly
+def _on_internal_error(
+    sender: Any = None, task_id: Any = None, exception: Any = None, **_: Any
+) -> None:
+    _finish_by_request(sender, task_id, Event.FAILED, error=_describe(exception))
+
+
+@_quietly
+def _on_postrun(
+    sender: Any = None, task_id: Any = None, retval: Any = None, state: Any = None, **_: Any
+) -> None:
+    # Celery < 5.6 sends no task_failure for a task that raised Reject(requeue=False); a
+    # requeued one runs again, so it is not the end of the run.
+    if state == "REJECTED" and isinstance(retval, Reject) and not retval.requeue:
+        _finish_by_request(sender, task_id, Event.REJECTED, error=_describe(retval))
+
+
+# -- either process: task_failure ------------------------------------------------------------
+
+
+@_quietly
+def _on_failure(sender: Any = None, task_id: Any = None, exception: Any = None, **_: Any) -> None:
+    if isinstance(exception, WorkerLostError):
+        event = Event.WORKER_LOST
+    elif isinstance(exception, TimeLimitExceeded):
+        event = Event.TIME_LIMIT
+    elif isinstance(exception, Reject):
+        event = Event.REJECTED
+    else:
+        event = Event.FAILED
+    _finish_by_request(sender, task_id, event, error=_describe(exception))
+
+
+def _finish_by_request(task: Any, task_id: Any, event: Event, **fields: Any) -> None:
+    """Record a terminal event of ``task``'s delivery ``task_id``, by key or else by task id."""
+    recorder = _recorder(task.app)
+    if recorder is None:
+        return
+    request = task.request
+    # The current request is the failing delivery in the pool child, and in the main process
+    # when Celery pushed its context: then its headers decide, and a delivery without the
+    # header is not voltro_beat's even if its task id looks like one. The hard time limit's
+    # path pushes no context: only then is the task id all there is.
+    if request is not None and request.id == task_id:
+        key = _occurrence(request)
+        if key is None:
+            return
+        recorder.record(
+            event,
+            now=_now(),
+            key=key,
+            worker=_worker(request.hostname),
+            started_at=getattr(request, _STARTED_AT, None),
+            **fields,
+        )
+    elif _may_be_ours(task_id):
+        recorder.record(
+            event, now=_now(), task_id=str(task_id), worker=_worker(recorder.hostname), **fields
+        )
+
+
+# -- main process: paths where the task never ran (or its child is gone) ---------------------
+
+
+@_quietly
+def _on_revoked(
+    sender: Any = None,
+    request: Any = None,
+    terminated: Any = None,
+    signum: Any = None,
+    expired: Any = None,
+    **_: Any,
+) -> None:
+    recorder = _recorder(sender.app) if sender is not None else None
+    if recorder is None or request is None:
+        return
+    if expired:
+        reason = "expired"
+    elif terminated:
+        reason = f"terminated by signal {signum}" if signum else "terminated"
+    else:
+        reason = "revoked"
+    # ``request`` is the revoked delivery's own context, headers included.
+    key = _occurrence(request)
+    if key is not None:
+        recorder.record(
+            Event.REVOKED, now=_now(), key=key, reason=reason, worker=_worker(recorder.hostname)
+        )
+
+
+@_quietly
+def _on_unknown(sender: Any = None, name: Any = None, message: Any = None, **_: Any) -> None:
+    key = _occurrence_of_message(message)
+    recorder = _recorder(sender.app) if key is not None else None
+    if recorder is None:
+        return
+    recorder.record(
+        Event.UNKNOWN_TASK,
+        now=_now(),
+        key=key,
+        worker=_worker(getattr(sender, "hostname", None)),
+        error=ledger.bounded(f"NotRegistered: {name!r}"),
+    )
+
+
+@_quietly
+def _on_rejected(sender: Any = None, message: Any = None, exc: Any = None, **_: Any) -> None:
+    key = _occurrence_of_message(message)
+    recorder = _recorder(sender.app) if key is not None else None
+    if recorder is None:
+        return
+    recorder.record(
+        Event.REJECTED,
+        now=_now(),
+        key=key,
+        worker=_worker(getattr(sender, "hostname", None)),
+        error=_describe(exc) if exc is not None else "the worker cannot decode this message",
+    )
+
+
+def _occurrence_of_message(message: Any) -> str | None:
+    headers = getattr(message, "headers", None)
+    if not isinstance(headers, dict):
+        return None
+    key = headers.get(OCCURRENCE_HEADER)
+    return key if isinstance(key, str) and key else None
+
+
+def _describe(exc: Any) -> str | None:
+    if isinstance(exc, Reject):
+        # Reject's str() is the tuple of its arguments; its reason is what the task said.
+        return ledger.bounded(f"Reject: {exc.reason}")
+    if isinstance(exc, TimeLimitExceeded) and exc.args:
+        return f"TimeLimitExceeded: hard time limit ({exc.args[0]}s) exceeded"
+    return ledger.describe_error(exc) if isinstance(exc, BaseException) else None
+
+
+# -- process lifecycle -----------------------------------------------------------------------
+
+
+@_quietly
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    recorder = _recorder(getattr(sender, "app", None))
+    if recorder is None:
+        return
+    recorder.hostname = getattr(sender, "hostname", None)
+    # All task modules are imported by now and the tracers, which look up before_start once,
+    # are built later, when the consumer starts.
+    _install_guard(sender.app)
+
+
+@_quietly
+def _on_worker_process_init(**_: Any) -> None:
+    for recorder in list(_RECORDERS):
+        recorder.reset()
+
+
+# -- the duplicate guard ---------------------------------------------------------------------
+
+
+def _install_guard(app: Celery) -> None:
+    """Wrap every task class's ``before_start`` so that a duplicate delivery skips its body.
+
+    Celery calls ``before_start`` inside the try block that handles ``Ignore``, just before
+    the body, and only if the class overrides it: so the wrapper lives on each task class.
+    Raising ``Ignore`` there acknowledges the message, stores no result, sends no
+    success/failure signal, and the body never runs. The task's own ``before_start`` (if any)
+    still runs for every other delivery.
+    """
+    for task in list(app.tasks.values()):
+        cls = type(task)
+        if getattr(cls.before_start, _GUARD_MARK, None) is not None:
+            continue
+        cls.before_start = _guarded_before_start(cls.before_start)
+
+
+def _guarded_before_start(original: Callable[..., Any]) -> Callable[..., Any]:
+    def before_start(self: Any, task_id: str, args: Any, kwargs: Any) -> Any:
+        if getattr(self.request, _DUPLICATE, False):
+            raise Ignore()
+        return original(self, task_id, args, kwargs)
+
+    setattr(before_start, _GUARD_MARK, original)
+    before_start.__doc__ = original.__doc__
+    return before_start
+
+
+# -- connecting --------------------------------------------------------------------------------
+
+_RECEIVERS: tuple[tuple[Any, Callable[..., None]], ...] = (
+    (signals.task_prerun, _on_prerun),
+    (signals.task_retry, _on_retry),
+    (signals.task_success, _on_success),
+    (signals.task_failure, _on_failure),
+    (signals.task_internal_error, _on_internal_error),
+    (signals.task_postrun, _on_postrun),
+    (signals.task_revoked, _on_revoked),
+    (signals.task_unknown, _on_unknown),
+    (signals.task_rejected, _on_rejected),
+    (signals.worker_init, _on_worker_init),
+    (signals.worker_process_init, _on_worker_process_init),
+)
+
+
+def _connect_receivers() -> None:
+    # Strong references (weak=False) so the receivers live as long as the process, and a fixed
+    # dispatch_uid so that connecting again (attach() twice, two apps) changes nothing.
+    for signal, receiver in _RECEIVERS:
+        signal.connect(receiver, weak=False, dispatch_uid=f"{DISPATCH_UID}.{receiver.__name__}")
