@@ -9,7 +9,7 @@ Raw messages are kept in memory and parsed only after the run, off the hot loop.
         --until EPOCH --out arrivals.json
 
 It stops at ``--until`` or on SIGTERM, whichever is first, then writes one JSON object:
-``{"messages": [[arrival, task_id, schedule_index, occurrence_key_or_null], ...]}``.
+``{"messages": [[arrival, task_id, schedule_index, occurrence_key_or_null, origin], ...]}``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -32,8 +32,22 @@ from bench.services import python_path
 CHUNK = 5000
 
 
-def parse(raw: bytes) -> tuple[str, int | None, str | None]:
-    """Task id, schedule index (``args[0]``) and voltro occurrence key of one Celery message."""
+class Message(NamedTuple):
+    """One message the observer received."""
+
+    t: float  # arrival, time.time()
+    task_id: str
+    index: int | None  # the schedule: args[0]
+    occurrence: str | None  # voltro_occurrence header
+    origin: str | None  # the publishing process
+
+
+def parse(raw: bytes) -> tuple[str, int | None, str | None, str | None]:
+    """Task id, schedule index (``args[0]``), voltro occurrence key and origin of a message.
+
+    ``origin`` is Celery's ``gen<pid>@<host>`` of the publishing process: it tells which
+    replica sent a message, where the incumbents give no occurrence identity.
+    """
     msg = json.loads(raw)
     headers = msg.get("headers") or {}
     index: int | None = None
@@ -49,7 +63,7 @@ def parse(raw: bytes) -> tuple[str, int | None, str | None]:
             body = base64.b64decode(body)
         args = json.loads(body)[0]
         index = int(args[0]) if args else None
-    return str(headers.get("id")), index, headers.get("voltro_occurrence")
+    return str(headers.get("id")), index, headers.get("voltro_occurrence"), headers.get("origin")
 
 
 def observe(url: str, queue: str, until: float, ready: Path | None) -> list[tuple[float, bytes]]:
@@ -126,10 +140,10 @@ def finish(proc: subprocess.Popen[bytes], out: Path, timeout: float = 120.0) -> 
         raise RuntimeError(f"observer wrote no output; see {out.with_suffix('.log')}")
 
 
-def load(path: Path) -> list[tuple[float, str, int | None, str | None]]:
+def load(path: Path) -> list[Message]:
     """Read an observer's output file."""
     rows = json.loads(path.read_text())["messages"]
-    return [(float(t), str(i), n, occ) for t, i, n, occ in rows]
+    return [Message(float(t), str(i), n, occ, origin) for t, i, n, occ, origin in rows]
 
 
 if __name__ == "__main__":

@@ -31,22 +31,29 @@ def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
 
 def stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
     """SIGTERM the process group, SIGKILL it after ``grace`` seconds."""
-    if proc.poll() is None:
-        _kill_group(proc, signal.SIGTERM)
+    stop_many([proc], grace)
+
+
+def stop_many(procs: list[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
+    """SIGTERM every group at once, then SIGKILL whatever is left after ``grace`` seconds."""
+    for proc in procs:
+        if proc.poll() is None:
+            _kill_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
         try:
-            proc.wait(grace)
+            proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             _kill_group(proc, signal.SIGKILL)
             proc.wait(5)
-    # The leader may be gone while a forked child lingers in its group.
-    _kill_group(proc, signal.SIGKILL)
-    _LIVE.discard(proc)
+        # The leader may be gone while a forked child lingers in its group.
+        _kill_group(proc, signal.SIGKILL)
+        _LIVE.discard(proc)
 
 
 @atexit.register
 def _stop_leftovers() -> None:
-    for proc in list(_LIVE):
-        stop(proc, grace=1.0)
+    stop_many(list(_LIVE), grace=1.0)
 
 
 @dataclass
@@ -68,13 +75,23 @@ class Beat:
     log: Path
     sample: Sample = field(default_factory=Sample)
 
-    def booted_at(self) -> float | None:
-        """Wall time of the replica's beat_init signal, or None before it."""
+    def marks(self) -> dict[str, float]:
+        """Wall time of each event the app module marked (``beat_init``, ``first_tick``)."""
         try:
-            first = self.mark.read_text().split()
+            lines = self.mark.read_text().splitlines()
         except FileNotFoundError:
-            return None
-        return float(first[0]) if first else None
+            return {}
+        out: dict[str, float] = {}
+        for line in lines:
+            stamp, _, event = line.partition(" ")
+            out.setdefault(event, float(stamp))
+        return out
+
+    def mark_time(self, event: str) -> float | None:
+        return self.marks().get(event)
+
+    def last_mark(self) -> float | None:
+        return max(self.marks().values(), default=None)
 
 
 class Processes:
@@ -138,7 +155,7 @@ class Processes:
         """Wait until every beat has sent beat_init; False on timeout or if one died."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if all(b.booted_at() is not None for b in self.beats):
+            if all(b.mark_time("beat_init") is not None for b in self.beats):
                 return True
             if any(b.popen.poll() is not None for b in self.beats):
                 return False
@@ -148,8 +165,7 @@ class Processes:
     def stop_all(self) -> None:
         self._sample_once()
         self._done.set()
-        for proc in [b.popen for b in self.beats] + self.others:
-            stop(proc)
+        stop_many([b.popen for b in self.beats] + self.others)
 
     def _sample_once(self) -> None:
         for beat in self.beats:

@@ -1,6 +1,7 @@
 """Raw limits of this machine, measured in the same run as the schedulers.
 
 - ``redis_lpush``: pipelined LPUSH of real Celery messages (1,000 per pipeline), msgs/s;
+- ``redis_lpush_multi``: one LPUSH carrying 1,000 messages, msgs/s;
 - ``kombu_publish``: ``kombu.Producer.publish`` from one process, one connection, msgs/s;
 - ``celery_send_task``: ``app.send_task`` from one process (beat's own path), msgs/s;
 - ``observer_drain``: the observer emptying a pre-filled queue, msgs/s;
@@ -58,6 +59,20 @@ def redis_lpush(svc: Services, n: int) -> float:
             for _ in range(min(1000, n - start)):
                 pipe.lpush(RAW_QUEUE, raw)
             pipe.execute()
+
+    rate = _rate(n, push)
+    client.delete(RAW_QUEUE)
+    client.close()
+    return rate
+
+
+def redis_lpush_multi(svc: Services, n: int) -> float:
+    client = redis.Redis.from_url(svc.broker_url)
+    raw = _sample_message(svc)
+
+    def push() -> None:
+        for start in range(0, n, 1000):
+            client.lpush(RAW_QUEUE, *([raw] * min(1000, n - start)))
 
     rate = _rate(n, push)
     client.delete(RAW_QUEUE)
@@ -181,6 +196,7 @@ def run(svc: Services, quick: bool) -> dict[str, float]:
     scale = 0.1 if quick else 1.0
     n = {
         "redis_lpush": 100_000,
+        "redis_lpush_multi": 200_000,
         "kombu_publish": 10_000,
         "celery_send_task": 10_000,
         "observer_drain": 100_000,
@@ -189,6 +205,7 @@ def run(svc: Services, quick: bool) -> dict[str, float]:
     }
     fns: dict[str, Callable[[Services, int], float]] = {
         "redis_lpush": redis_lpush,
+        "redis_lpush_multi": redis_lpush_multi,
         "kombu_publish": kombu_publish,
         "celery_send_task": celery_send_task,
         "observer_drain": observer_drain,

@@ -17,9 +17,11 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("arrived %", "arrived_pct"),
         ("dups", "duplicates"),
         ("early", "early_messages"),
+        ("publishers", "publishers"),
         ("CPU s/1k", "cpu_per_1k"),
         ("peak RSS MB", "peak_rss_mb"),
         ("boot s", "boot_s"),
+        ("ready s", "ready_s"),
         ("db xacts", "db_xacts"),
     ],
     "steady": [
@@ -28,6 +30,7 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("firings/s", "firings_per_s"),
         ("dups", "duplicates"),
         ("misses", "misses"),
+        ("publishers", "publishers"),
         ("lag p50 ms", "lag_p50_ms"),
         ("lag p99 ms", "lag_p99_ms"),
         ("lag max ms", "lag_max_ms"),
@@ -39,14 +42,14 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("boot s", "boot_s"),
         ("db xacts", "db_xacts"),
     ],
-    "idle": [("boot s", "boot_s"), ("peak RSS MB", "peak_rss_mb")],
+    "idle": [("boot s", "boot_s"), ("ready s", "ready_s"), ("peak RSS MB", "peak_rss_mb")],
 }
 
 # workload -> figures compared as x / reference (same workload and S, reference at R=1)
 RATIO_KEYS = {
     "burst": ["all_s", "last_s", "arrived", "cpu_per_1k"],
     "steady": ["achieved_ratio", "lag_p99_ms", "cpu_per_1k"],
-    "idle": ["boot_s", "peak_rss_mb"],
+    "idle": ["boot_s", "ready_s", "peak_rss_mb"],
 }
 REFERENCES = ("celery", "redbeat")
 

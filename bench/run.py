@@ -61,8 +61,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--burst-lead",
         type=float,
-        default=15.0,
-        help="start beats this many seconds before the minute boundary",
+        default=50.0,
+        help="start beats this many seconds before the minute boundary (a later boundary is"
+        " measured if they are not ready 3 s before it)",
     )
     ap.add_argument("--burst-window", type=float, default=55.0)
     ap.add_argument(
@@ -80,12 +81,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.quick:
         args.burst_sizes, args.steady_sizes, args.idle_sizes = [1000], [100], [1000]
-        args.seconds, args.burst_window = 10, 20.0
+        args.seconds, args.burst_window, args.burst_lead = 10, 20.0, 30.0
         args.incumbent_replicas = args.voltro_replicas = [1]
     if args.big:
         args.burst_sizes = sorted({*args.burst_sizes, 100_000})
         args.idle_sizes = sorted({*args.idle_sizes, 100_000})
-        args.burst_lead = max(args.burst_lead, 45.0)
     return args
 
 

@@ -1,20 +1,22 @@
 """The scheduler workloads: one case = one scheduler, S schedules, R replicas, real processes.
 
 - ``burst``: S ``crontab(minute='*')`` entries, beats started ``lead`` s before a minute
-  boundary; from the boundary: first and last message, when all S had arrived, how many of S
-  arrived within ``window`` s, duplicates.
+  boundary (a later one if they are not ready 3 s before it); from the boundary: first and
+  last message, when all S had arrived, how many of S arrived within ``window`` s, duplicates.
 - ``steady``: S one-second interval entries; after every replica booted and a warm-up, a window
   of D whole seconds: achieved vs expected firings, duplicates, misses, publish lag.
 - ``idle``: S entries never due during the run, one replica: boot time and resident memory.
 
 Every case also records CPU seconds per 1,000 messages, peak RSS and boot time of its replicas
-(boot = process spawn to Celery's ``beat_init`` signal, see ``appgen``).
+(boot = process spawn to Celery's ``beat_init`` signal; ready = spawn to the end of the first
+tick; both marks are written by the generated app module, see ``appgen``).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -24,12 +26,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from bench import observer
 from bench.appgen import write_app
+from bench.observer import Message
 from bench.procs import Processes
 from bench.services import Services, clean, pg_transactions, python_path
-
-Message = tuple[float, str, int | None, str | None]
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class Settings:
     svc: Services
     schedulers: dict[str, str]  # contender -> the ``-S`` value
     loglevel: str = "warning"
-    burst_lead: float = 15.0
+    burst_lead: float = 50.0
     burst_window: float = 55.0
     steady_seconds: int = 60
     steady_warmup: float = 5.0
@@ -78,12 +81,28 @@ def _occurrence_instant(key: str) -> float:
 
 
 def _replica_figures(procs: Processes) -> dict[str, Any]:
-    boots = [b.booted_at() for b in procs.beats]
-    spans = [t - b.spawned for t, b in zip(boots, procs.beats, strict=True) if t is not None]
+    def slowest(event: str) -> float | None:
+        spans = [t - b.spawned for b in procs.beats if (t := b.mark_time(event)) is not None]
+        return _round(max(spans, default=None), 3)
+
     return {
-        "boot_s": _round(max(spans, default=None), 3),
+        "boot_s": slowest("beat_init"),
+        "ready_s": slowest("first_tick"),
         "peak_rss_mb": round(max(b.sample.peak_rss for b in procs.beats) / 2**20, 1),
     }
+
+
+def _wait_ready(case: Case, cfg: Settings, procs: Processes) -> float:
+    """Wait until every replica sent beat_init and one finished a tick; the latest mark."""
+    if not procs.wait_booted(cfg.boot_timeout):
+        raise RuntimeError(f"{case.label}: a replica did not boot; see its beat.log")
+    # A RedBeat standby never ticks (it waits on the lock): one ticking replica is enough.
+    deadline = time.time() + cfg.boot_timeout
+    while not any(b.mark_time("first_tick") for b in procs.beats):
+        if time.time() > deadline:
+            raise RuntimeError(f"{case.label}: no replica finished a tick; see beat.log")
+        time.sleep(0.05)
+    return max(b.last_mark() or 0.0 for b in procs.beats)
 
 
 def _cpu_per_1k(cpu: float, messages: int) -> float | None:
@@ -104,6 +123,7 @@ def run_case(case: Case, cfg: Settings) -> dict[str, Any]:
             "VOLTRO_BEAT_STORE_URL": svc.voltro_store,
         }
         xacts0 = pg_transactions(svc) if case.contender == "voltro" else None
+        load0 = os.getloadavg()[0]
         try:
             with Processes(work) as procs:
                 runner = {"burst": _burst, "steady": _steady, "idle": _idle}[case.workload]
@@ -115,6 +135,8 @@ def run_case(case: Case, cfg: Settings) -> dict[str, Any]:
                 dest.mkdir(parents=True, exist_ok=True)
                 for log in work.rglob("*.log"):
                     shutil.copy(log, dest / f"{log.parent.name}-{log.name}")
+    # Other work on the machine skews every figure: record how busy it was.
+    result["loadavg_1m"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
     if xacts0 is not None:
         time.sleep(1.0)  # backends flush their statistics when they exit
         xacts1 = pg_transactions(svc)
@@ -133,40 +155,62 @@ def _burst(
 ) -> dict[str, Any]:
     boundary = math.ceil((time.time() + cfg.burst_lead) / 60) * 60
     _sleep_until(boundary - cfg.burst_lead)
+    spawned = time.time()
+    _spawn_beats(case, cfg, procs, env)
+    ready = _wait_ready(case, cfg, procs)
+    crossed = 0
+    if ready > boundary - 3:
+        # Booted too late for the planned boundary: measure the next one it can make, and say
+        # how many boundaries passed while it booted (their messages are counted as early).
+        crossed = math.floor(ready / 60) - math.floor(spawned / 60)
+        boundary = math.ceil((ready + 3) / 60) * 60
+    early = _drop_queue(cfg.svc)
     out = work / "arrivals.json"
     obs = observer.start(procs, cfg.svc.broker_url, cfg.svc.queue, boundary + cfg.burst_window, out)
-    _spawn_beats(case, cfg, procs, env)
     _sleep_until(boundary - 0.5)
     cpu0 = procs.cpu_total()
     obs.wait(cfg.burst_window + 60)
     cpu1 = procs.cpu_total()
     observer.finish(obs, out)
-    msgs = observer.load(out)
-    booted = [b.booted_at() for b in procs.beats]
-    result = burst_figures(msgs, boundary, case.size, cfg.burst_window)
-    result["booted_late"] = sum(1 for t in booted if t is None or t > boundary)
+    result = burst_figures(observer.load(out), boundary, case.size, cfg.burst_window)
+    result["early_messages"] += early
+    result["boundaries_during_boot"] = crossed
     result["cpu_per_1k"] = _cpu_per_1k(cpu1 - cpu0, result["messages"])
     return result
 
 
+def _drop_queue(svc: Services) -> int:
+    """Delete what is queued before the observer starts; return how many messages it was."""
+    client = redis.Redis.from_url(svc.broker_url)
+    try:
+        pipe = client.pipeline(transaction=True)
+        pipe.llen(svc.queue)
+        pipe.delete(svc.queue)
+        count, _ = pipe.execute()
+    finally:
+        client.close()
+    return int(count)
+
+
 def burst_figures(msgs: list[Message], boundary: float, size: int, window: float) -> dict[str, Any]:
     """Figures of one burst from the observer's arrivals (times relative to the boundary)."""
-    early = [m for m in msgs if m[0] < boundary - 1]
-    late = [m for m in msgs if boundary - 1 <= m[0] <= boundary + window]
+    early = [m for m in msgs if m.t < boundary - 1]
+    late = [m for m in msgs if boundary - 1 <= m.t <= boundary + window]
     first_seen: dict[int | None, float] = {}
-    for t, _id, index, _occ in late:
-        first_seen.setdefault(index, t)
+    for m in late:
+        first_seen.setdefault(m.index, m.t)
     done = len(first_seen) >= size
     return {
         "messages": len(late),
         "early_messages": len(early),
-        "first_s": round(min(m[0] for m in late) - boundary, 3) if late else None,
-        "last_s": round(max(m[0] for m in late) - boundary, 3) if late else None,
+        "first_s": round(min(m.t for m in late) - boundary, 3) if late else None,
+        "last_s": round(max(m.t for m in late) - boundary, 3) if late else None,
         "all_s": round(max(first_seen.values()) - boundary, 3) if done else None,
         "arrived": len(first_seen),
         "arrived_pct": round(100 * len(first_seen) / size, 2),
         "duplicates": len(late) - len(first_seen),
-        "same_task_id": len(late) - len({m[1] for m in late}),
+        "same_task_id": len(late) - len({m.task_id for m in late}),
+        "publishers": len({m.origin for m in late}),
     }
 
 
@@ -177,9 +221,7 @@ def _steady(
     hard_stop = time.time() + cfg.boot_timeout + cfg.steady_warmup + cfg.steady_seconds + 30
     obs = observer.start(procs, cfg.svc.broker_url, cfg.svc.queue, hard_stop, out)
     _spawn_beats(case, cfg, procs, env)
-    if not procs.wait_booted(cfg.boot_timeout):
-        raise RuntimeError(f"{case.label}: a replica did not boot; see its beat.log")
-    t0 = math.ceil(max(b.booted_at() or 0.0 for b in procs.beats) + cfg.steady_warmup)
+    t0 = math.ceil(_wait_ready(case, cfg, procs) + cfg.steady_warmup)
     _sleep_until(t0)
     cpu0 = procs.cpu_total()
     _sleep_until(t0 + cfg.steady_seconds)
@@ -198,31 +240,32 @@ def steady_figures(msgs: list[Message], t0: float, size: int, seconds: int) -> d
     otherwise the floor of its arrival second (an approximation: Celery's and RedBeat's
     intervals are not anchored to whole seconds, so their lag is only known within 1 s).
     """
-    in_window: list[tuple[float, float, int | None, str]] = []
+    window: list[tuple[float, Message]] = []  # (intended instant, message)
     exact = 0
-    for t, task_id, index, occ in msgs:
-        intended = _occurrence_instant(occ) if occ else float(math.floor(t))
-        exact += occ is not None
+    for m in msgs:
+        intended = _occurrence_instant(m.occurrence) if m.occurrence else float(math.floor(m.t))
+        exact += m.occurrence is not None
         if t0 <= intended < t0 + seconds:
-            in_window.append((t, intended, index, occ or task_id))
-    per_schedule = Counter(index for _t, _i, index, _k in in_window)
+            window.append((intended, m))
+    per_schedule = Counter(m.index for _, m in window)
     expected = size * seconds
     achieved = sum(min(per_schedule.get(i, 0), seconds) for i in range(size))
-    lags = [(t - intended) * 1000 for t, intended, _i, _k in in_window]
+    lags = [(m.t - intended) * 1000 for intended, m in window]
     # Period actually achieved per schedule: exact for every contender, unlike the lag.
     arrivals: dict[int | None, list[float]] = {}
-    for t, _intended, index, _k in in_window:
-        arrivals.setdefault(index, []).append(t)
+    for _, m in window:
+        arrivals.setdefault(m.index, []).append(m.t)
     gaps = [(b - a) * 1000 for ts in arrivals.values() for a, b in itertools.pairwise(sorted(ts))]
     return {
-        "messages": len(in_window),
+        "messages": len(window),
         "expected": expected,
         "achieved": achieved,
         "achieved_ratio": round(achieved / expected, 4),
         "firings_per_s": round(achieved / seconds, 1),
         "duplicates": sum(max(0, n - seconds) for n in per_schedule.values()),
-        "same_key": len(in_window) - len({k for *_x, k in in_window}),
+        "same_key": len(window) - len({m.occurrence or m.task_id for _, m in window}),
         "misses": expected - achieved,
+        "publishers": len({m.origin for _, m in window}),
         "lag_basis": "occurrence key" if exact else "floor(arrival second)",
         "lag_p50_ms": _round(_pct(lags, 0.5)),
         "lag_p99_ms": _round(_pct(lags, 0.99)),
@@ -240,7 +283,6 @@ def _idle(
     case: Case, cfg: Settings, procs: Processes, env: dict[str, str], work: Path
 ) -> dict[str, Any]:
     _spawn_beats(case, cfg, procs, env)
-    if not procs.wait_booted(cfg.boot_timeout):
-        raise RuntimeError(f"{case.label}: a replica did not boot; see its beat.log")
+    _wait_ready(case, cfg, procs)
     time.sleep(cfg.idle_settle)
     return {"alive": all(b.popen.poll() is None for b in procs.beats)}
