@@ -43,8 +43,9 @@ from typing import Any
 import sqlalchemy as sa
 from celery import Celery
 
+from voltro_beat import ledger
 from voltro_beat.publisher import task_id_for
-from voltro_beat.store import Occurrence, SqlStore, open_store
+from voltro_beat.store import Occurrence, RunChange, SqlStore, open_store
 from voltro_beat.tables import runs
 
 APP = textwrap.dedent(
@@ -66,9 +67,12 @@ APP = textwrap.dedent(
         broker_connection_retry_on_startup=True,
     )
 
-    # block -> [[prerun before, prerun after, body, success before, success after], ...]
+    # block -> per task: wall clock at [prerun before, prerun after, body, success before,
+    # success after], then the child's CPU time at the four receiver brackets.
     _STAMPS = {}
+    _CPU = []
     _now = time.perf_counter
+    _cpu = time.thread_time
 
 
     def _stamps(task):
@@ -80,12 +84,14 @@ APP = textwrap.dedent(
     def _pre0(task=None, **_):
         if task.name == "bench.noop":
             _stamps(task).append([_now()])
+            _CPU.append(_cpu())
 
 
     @task_success.connect(weak=False, dispatch_uid="bench.suc0")
     def _suc0(sender=None, **_):
         if sender.name == "bench.noop":
             _stamps(sender)[-1].append(_now())
+            _CPU.append(_cpu())
 
 
     voltro_beat.attach(app)
@@ -94,13 +100,18 @@ APP = textwrap.dedent(
     @task_prerun.connect(weak=False, dispatch_uid="bench.pre1")
     def _pre1(task=None, **_):
         if task.name == "bench.noop":
+            _CPU.append(_cpu())
             _stamps(task)[-1].append(_now())
 
 
     @task_success.connect(weak=False, dispatch_uid="bench.suc1")
     def _suc1(sender=None, **_):
         if sender.name == "bench.noop":
-            _stamps(sender)[-1].append(_now())
+            _CPU.append(_cpu())
+            rows = _stamps(sender)
+            rows[-1].append(_now())
+            rows[-1].extend(_CPU)
+            _CPU.clear()
 
 
     @app.task(name="bench.noop")
@@ -213,6 +224,7 @@ def run(args: argparse.Namespace, store_url: str, tmp: Path) -> int:
         recorded = dict(
             conn.execute(sa.select(runs.c.status, sa.func.count()).group_by(runs.c.status)).all()
         )
+    writes = time_writes(store, min(args.tasks, 500))
     store.close()
 
     # Whole cycle: span of the body stamps over the tasks between them.
@@ -223,17 +235,22 @@ def run(args: argparse.Namespace, store_url: str, tmp: Path) -> int:
     }
     # Inside voltro_beat's receivers: prerun and success, bracketed by the bench's own.
     hooks = {
-        block: [((r[1] - r[0]) + (r[4] - r[3])) * 1000 for r in rows if len(r) == 5]
+        block: [((r[1] - r[0]) + (r[4] - r[3])) * 1000 for r in rows if len(r) == 9]
+        for block, rows in stamps.items()
+    }
+    cpu = {
+        block: [((r[6] - r[5]) + (r[8] - r[7])) * 1000 for r in rows if len(r) == 9]
         for block, rows in stamps.items()
     }
     print()
-    print("| block | tasks | cycle ms/task | in ledger receivers, median ms | p95 ms |")
-    print("|---|---|---|---|---|")
+    print("| block | tasks | cycle ms/task | in receivers ms (median) | p95 | CPU ms (median) |")
+    print("|---|---|---|---|---|---|")
     for _, block in blocks:
         spent = sorted(hooks[block])
         print(
             f"| {block} | {len(stamps[block])} | {cycle[block]:.3f} | "
-            f"{statistics.median(spent):.3f} | {spent[int(len(spent) * 0.95)]:.3f} |"
+            f"{statistics.median(spent):.3f} | {spent[int(len(spent) * 0.95)]:.3f} | "
+            f"{statistics.median(cpu[block]):.3f} |"
         )
 
     def median_of(kind: str, values: dict[str, Any]) -> float:
@@ -242,6 +259,7 @@ def run(args: argparse.Namespace, store_url: str, tmp: Path) -> int:
         return statistics.median(flat)
 
     in_hooks = median_of("ledger", hooks) - median_of("plain", hooks)
+    in_cpu = median_of("ledger", cpu) - median_of("plain", cpu)
     in_cycle = median_of("ledger", cycle) - median_of("plain", cycle)
     deltas = ", ".join(f"{d:.3f}" for d in round_deltas(blocks, cycle))
     print()
@@ -250,7 +268,9 @@ def run(args: argparse.Namespace, store_url: str, tmp: Path) -> int:
         f"ledger {median_of('ledger', cycle):.3f} ms -> overhead {in_cycle:.3f} ms "
         f"(per round: {deltas})"
     )
-    print(f"in ledger receivers   : {in_hooks:.3f} ms per task (median, started + succeeded)")
+    print(f"in ledger receivers   : {in_hooks:.3f} ms per task (median wall, started + succeeded)")
+    print(f"  of which worker CPU : {in_cpu:.3f} ms per task (the rest waits for PostgreSQL)")
+    print(f"store writes alone    : {writes:.3f} ms per started + succeeded pair (this process)")
     print(f"runs recorded         : {recorded}")
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"load average (1/5/15) : {load} on {os.cpu_count()} CPUs (other load skews both kinds)")
@@ -298,6 +318,34 @@ def publish_block(
         )
     store.mark_published([o.key for o in occurrences], now=datetime.now(UTC))
     return [o.key for o in occurrences]
+
+
+def time_writes(store: SqlStore, count: int) -> float:
+    """Milliseconds per started + succeeded pair of ledger writes, without Celery."""
+    base = datetime(2027, 1, 1, tzinfo=UTC)
+    keys = [f"bench-direct@{base + timedelta(seconds=i):%Y-%m-%dT%H:%M:%S}" for i in range(count)]
+    store.claim(
+        [Occurrence(k, "bench-direct", "bench.noop", task_id_for(k), base) for k in keys],
+        outcome="won_lock",
+        gate=True,
+        now=datetime.now(UTC),
+    )
+    moves = [ledger.transition(e) for e in (ledger.Event.STARTED, ledger.Event.SUCCEEDED)]
+    started = time.perf_counter()
+    for key in keys:
+        for move in moves:
+            store.advance_run(
+                RunChange(
+                    status=move.status,
+                    stamp=move.stamp,
+                    from_statuses=move.from_statuses,
+                    attempt_statuses=move.attempt_statuses,
+                    now=datetime.now(UTC),
+                    key=key,
+                    worker="bench:0",
+                )
+            )
+    return (time.perf_counter() - started) / count * 1000
 
 
 def round_deltas(blocks: list[tuple[str, str]], per_task: dict[str, float]) -> list[float]:

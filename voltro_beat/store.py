@@ -532,8 +532,11 @@ class SqlStore:
                     # the last fraction of a second of them (a row then shows an earlier
                     # status; rows and claims, written by beat, stay fully durable). This
                     # halves the ledger's cost per task and keeps it flat while other writers
-                    # keep the disk busy.
-                    conn.exec_driver_sql("SET synchronous_commit = off")
+                    # keep the disk busy. The statement timeout bounds how long a task can
+                    # wait on a ledger write (a row locked by a stuck transaction).
+                    conn.exec_driver_sql(
+                        "SET synchronous_commit = off; SET statement_timeout = 5000"
+                    )
             except SQLAlchemyError as exc:
                 if conn is not None:
                     conn.invalidate()
