@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -23,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
-console = Console()
+console = Console(width=max(Console().width, 100))
 #: The filesystem broker has no fanout exchanges: no worker-to-worker chatter.
 WORKER_FLAGS = ("--without-mingle", "--without-gossip", "--without-heartbeat")
 
@@ -74,13 +75,12 @@ def main() -> int:
             f"store {store}, broker {args.broker}; running {args.seconds:.0f} s "
             f"(logs in {work})"
         )
-        deadline = time.monotonic() + args.seconds
-        while time.monotonic() < deadline:
-            dead = [p for p in procs if p.poll() is not None]
-            if dead:
-                console.print(f"[red]a process exited early; see the logs in {work}[/]")
-                return 1
-            time.sleep(0.5)
+        # Count the run time from when every replica is up: starting Python and Celery can
+        # take seconds on a busy machine.
+        logs = [work / f"replica-{n}.log" for n in range(1, args.replicas + 1)]
+        booted = _watch(procs, work, 120, lambda: all("beat: Starting" in _text(f) for f in logs))
+        if not booted or not _watch(procs, work, args.seconds, lambda: False):
+            return 1
         for p in procs[1:]:
             p.send_signal(signal.SIGTERM)
         _wait(procs[1:])
@@ -91,6 +91,23 @@ def main() -> int:
                 p.send_signal(signal.SIGTERM)
         _wait(procs)
     return _report(store)
+
+
+def _watch(
+    procs: list[subprocess.Popen[bytes]], work: Path, seconds: float, done: Callable[[], bool]
+) -> bool:
+    """Wait ``seconds`` or until ``done()``; False if a process died meanwhile."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not done():
+        if any(p.poll() is not None for p in procs):
+            console.print(f"[red]a process exited early; see the logs in {work}[/]")
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -132,7 +149,7 @@ def _report(store: str) -> int:
         )
     table = Table(title="_voltro_schedule_runs")
     for column in ("occurrence", "won by", "outcome", "status", "executions"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=True)
     for key, replica, outcome, status, _at, _published in runs:
         table.add_row(key, replica, outcome, status, str(executed.get(key, 0)))
     console.print(table)
