@@ -45,6 +45,9 @@ _DAY = timedelta(days=1)
 _SOLAR_SEARCH_DAYS = 366
 # Bounds the per-thread croniter cache for processes that build schedules dynamically.
 _CRON_CACHE_SIZE = 65536
+# croniter's own search horizon. Walking past DST gaps needs one too: a wildcard job whose
+# every match is skipped (02:xx on the last Sunday of March, in Berlin) never fires.
+_CRON_HORIZON = timedelta(days=50 * 366)
 
 
 class NaiveDatetimeError(VoltroBeatError, ValueError):
@@ -54,8 +57,8 @@ class NaiveDatetimeError(VoltroBeatError, ValueError):
 def next_after(schedule: object, after: datetime, *, tz: str | None = None) -> datetime | None:
     """Return the first occurrence strictly after ``after``, in UTC.
 
-    ``None`` when there is none: a one-off already past, or a solar event that does not
-    happen within a year.
+    ``None`` when there is none: a one-off already past, a solar event that does not happen
+    within a year, a cron job that only matches wall times that DST skips.
 
     ``schedule`` is a spec or any form :func:`voltro_beat.schedules.to_spec` accepts; ``tz``
     (the zone of a cron schedule given in another form, UTC if ``None``) is ignored for specs,
@@ -141,7 +144,7 @@ def _croniter(spec: CronSpec) -> croniter:
     return it
 
 
-def _cron_next(spec: CronSpec, after: datetime) -> datetime:
+def _cron_next(spec: CronSpec, after: datetime) -> datetime | None:
     zone = ZoneInfo(spec.tz)
     it = _croniter(spec)
     local = after.astimezone(zone)
@@ -163,7 +166,7 @@ def _cron_next_in_repeat(
     other_pass: datetime,
     wall: datetime,
     after: datetime,
-) -> datetime:
+) -> datetime | None:
     """Next occurrence when ``after`` lies in one of the two passes of a repeated hour."""
     first_pass, second_pass = (local, other_pass) if local.fold == 0 else (other_pass, local)
     change = _transition(zone, first_pass.astimezone(UTC), second_pass.astimezone(UTC))
@@ -183,23 +186,26 @@ def _cron_next_in_repeat(
     if spec.wildcard:
         repeat = it.get_next(datetime, start_time=second_from)
         if repeat < repeat_end:
-            result = min(result, (repeat - late_offset).replace(tzinfo=UTC))
+            second = (repeat - late_offset).replace(tzinfo=UTC)
+            result = second if result is None else min(result, second)
     return result
 
 
 def _first_primary(
     spec: CronSpec, it: croniter, zone: ZoneInfo, wall: datetime, after: datetime
-) -> datetime:
+) -> datetime | None:
     """First primary instant (see :func:`_primary`) after ``after``, walking from ``wall``.
 
     Primary instants never decrease as wall time advances, so the first one past ``after`` is
     the smallest.
     """
-    while True:
+    limit = wall + _CRON_HORIZON
+    while wall < limit:
         wall = it.get_next(datetime, start_time=wall)
         instant = _primary(spec, zone, wall)
         if instant is not None and instant > after:
             return instant
+    return None
 
 
 def _primary(spec: CronSpec, zone: ZoneInfo, wall: datetime) -> datetime | None:

@@ -189,3 +189,15 @@ def test_next_after_from_inside_the_transition(
     schedule: str, after: datetime, expected: datetime
 ) -> None:
     assert next_after(schedule, after, tz=NEW_YORK) == expected
+
+
+def test_a_wildcard_job_that_only_matches_skipped_times_never_fires() -> None:
+    # 02:xx on the last Sunday of March: never on Berlin's clocks, which jump 02:00 -> 03:00
+    # that night. A fixed-time job at 02:30 runs at the end of the gap instead.
+    last_sunday_of_march = {"day_of_week": "sun", "day_of_month": "25-31", "month_of_year": 3}
+    wildcard = crontab(minute="*/15", hour=2, **last_sunday_of_march)
+    fixed = crontab(minute=30, hour=2, **last_sunday_of_march)
+    assert next_after(wildcard, z(1, 1, 0), tz=BERLIN) is None
+    assert next_after(fixed, z(1, 1, 0), tz=BERLIN) == z(3, 31, 1)
+    # New York changes on the second Sunday of March: 2024-03-31 02:00 EDT exists.
+    assert next_after(wildcard, z(1, 1, 0), tz=NEW_YORK) == z(3, 31, 6)
