@@ -493,7 +493,7 @@ class SqlStore:
                 raise StoreError(f"store {self.display_url}: {_first_line(exc)}") from exc
             except Exception as exc:
                 # psycopg's own errors, from the fast path below.
-                driver = conn.connection.driver_connection
+                driver = conn.connection.dbapi_connection
                 lost = driver is None or driver.closed or getattr(driver, "broken", False)
                 self._ledger_drop()
                 if attempt == 1 and lost:
@@ -514,7 +514,8 @@ class SqlStore:
         if sql is None:
             sql = str(self._ledger_statement(shape).compile(dialect=self.engine.dialect))
             self._ledger_sql[shape] = sql
-        driver = conn.connection.driver_connection
+        # psycopg 3 is not an asyncio driver: its DB-API connection is the driver's own.
+        driver = conn.connection.dbapi_connection
         assert driver is not None, "a live ledger connection has a driver connection"
         row = driver.execute(sql, params).fetchone()
         return None if row is None else row[0]
@@ -524,23 +525,29 @@ class SqlStore:
             self._ledger_local = threading.local()
         conn: Connection | None = getattr(self._ledger_local, "conn", None)
         if conn is None or conn.closed or conn.invalidated:
+            conn = None
             try:
                 conn = self.engine.connect()
+                # Out of the pool for good: its session settings (below) never reach another
+                # user of the pool, and no pool finalizer can touch it after a fork (the
+                # driver itself closes a connection only in the process that opened it).
+                conn.detach()
                 if self.dialect == "postgresql":
-                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                    driver = conn.connection.dbapi_connection
+                    assert driver is not None, "a new connection has a driver connection"
+                    # Autocommit: each ledger write is one round trip, no BEGIN/COMMIT.
+                    driver.autocommit = True
                     # Status updates do not wait for the WAL flush: a database crash may lose
                     # the last fraction of a second of them (a row then shows an earlier
                     # status; rows and claims, written by beat, stay fully durable). This
                     # halves the ledger's cost per task and keeps it flat while other writers
                     # keep the disk busy. The statement timeout bounds how long a task can
                     # wait on a ledger write (a row locked by a stuck transaction).
-                    conn.exec_driver_sql(
-                        "SET synchronous_commit = off; SET statement_timeout = 5000"
-                    )
-            except SQLAlchemyError as exc:
+                    driver.execute("SET synchronous_commit = off; SET statement_timeout = 5000")
+            except Exception as exc:
                 if conn is not None:
-                    conn.invalidate()
-                    conn.close()
+                    self._ledger_local.conn = conn
+                    self._ledger_drop()
                 raise StoreError(f"store {self.display_url}: {_first_line(exc)}") from exc
             self._ledger_local.conn = conn
         return conn

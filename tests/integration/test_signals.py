@@ -494,7 +494,7 @@ def test_ledger_connection_killed_by_the_server_is_replaced(postgres_url: str) -
         now=now(),
     )
     assert store.run_status(key) == "claimed"  # opens this thread's ledger connection
-    backend = store._ledger_connection().connection.driver_connection.info.backend_pid
+    backend = store._ledger_connection().connection.dbapi_connection.info.backend_pid
     with store.engine.connect() as admin:
         killed = admin.execute(sa.select(sa.func.pg_terminate_backend(backend))).scalar()
     assert killed is True
