@@ -24,8 +24,10 @@ from voltro_beat.schedules import ClockedSpec, IntervalSpec, SolarSpec, to_spec
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+def utc(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0, us: int = 0
+) -> datetime:
+    return datetime(year, month, day, hour, minute, second, us, tzinfo=UTC)
 
 
 # --- keys -------------------------------------------------------------------------------

@@ -16,13 +16,13 @@ from zoneinfo import ZoneInfo
 
 from celery import Celery
 from celery.schedules import crontab
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from voltro_beat.exceptions import ConfigurationError
 from voltro_beat.occurrences import next_after, occurrence_key, occurrences_between
-from voltro_beat.schedules import CronSpec, IntervalSpec, Spec, cadence, to_spec
+from voltro_beat.schedules import CRON_REFERENCE, CronSpec, IntervalSpec, Spec, cadence, to_spec
 
 US = timedelta(microseconds=1)
 MINUTE = timedelta(minutes=1)
@@ -261,8 +261,17 @@ def by_definition(spec: CronSpec, instants: Iterable[datetime], step: timedelta)
 def at_a_change(draw: st.DrawFn, expressions: st.SearchStrategy[str]) -> tuple[CronSpec, datetime]:
     """A cron spec in the zone of a DST change, with either day matching, and the change."""
     zone, change = draw(st.sampled_from(TRANSITIONS))
-    spec = draw(cron_specs(expressions, st.just(zone)))
-    return replace(spec, day_or=draw(st.booleans())), change
+    spec = replace(draw(cron_specs(expressions, st.just(zone))), day_or=draw(st.booleans()))
+    try:  # ANDed day fields can be impossible where ORed ones were not (the 30th of February)
+        croniter(
+            spec.expr,
+            CRON_REFERENCE,
+            day_or=spec.day_or,
+            second_at_beginning=spec.second_at_beginning,
+        ).get_next(datetime)
+    except CroniterBadDateError:
+        assume(False)
+    return spec, change
 
 
 @PROPERTIES
@@ -321,7 +330,7 @@ def around(day: int, low: int, high: int) -> st.SearchStrategy[str | set[int]]:
 @st.composite
 def celery_crontabs(draw: st.DrawFn) -> tuple[dict[str, object], datetime]:
     start = draw(RANDOM_INSTANTS).replace(second=0, microsecond=0)
-    fields = {
+    fields: dict[str, object] = {
         "minute": draw(st.one_of(cron_field(0, 59), st.sets(st.integers(0, 59), min_size=1))),
         "hour": draw(cron_field(0, 23)),
         "day_of_week": draw(st.one_of(around(start.isoweekday() % 7, 0, 6), st.just("mon-fri"))),
