@@ -35,6 +35,7 @@ if broker.startswith("filesystem"):
     app.conf.broker_transport_options = {
         "data_folder_in": folder,
         "data_folder_out": folder,
+        "control_folder": os.path.join(folder, "control"),
         "store_processed": False,
     }
 voltro_beat.attach(app)
