@@ -29,7 +29,12 @@ def main() -> None:
 @click.argument("schedule")
 @click.option("--tz", "zone", default=None, help="Zone the schedule runs in (default UTC).")
 @click.option(
-    "-n", "count", default=10, show_default=True, type=click.IntRange(min=1), help="How many."
+    "-n",
+    "count",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="How many instants.",
 )
 @click.option("--name", default="preview", show_default=True, help="Schedule name used in keys.")
 @click.option(
