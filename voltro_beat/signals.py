@@ -323,8 +323,8 @@ def _on_internal_error(
 def _on_postrun(
     sender: Any = None, task_id: Any = None, retval: Any = None, state: Any = None, **_: Any
 ) -> None:
-    # Celery < 5.6 sends no task_failure for a task that raised Reject(requeue=False); a
-    # requeued one runs again, so it is not the end of the run.
+    # Older Celery versions send no task_failure for a task that raised Reject(requeue=False)
+    # (5.7 does; the second report changes nothing). A requeued one runs again: not the end.
     if state == "REJECTED" and isinstance(retval, Reject) and not retval.requeue:
         _finish_by_request(sender, task_id, Event.REJECTED, error=_describe(retval))
 
