@@ -168,6 +168,14 @@ def ledger(postgres_url: str, redis_url: str) -> Iterator[Ledger]:
     rds = redis.Redis.from_url(broker_url)
     yield Ledger(store, client, rds, broker_url, postgres_url)
     client.close()
+    # This run's counters, state trails, queues and kombu bindings (all named after RUN or
+    # after a task id of one of its occurrences).
+    with store.engine.connect() as conn:
+        keys = conn.execute(sa.select(runs.c.id).where(runs.c.id.contains(RUN))).scalars()
+        trails = [f"ledger:{task_id_for(key)}:states" for key in keys]
+    leftovers = [*trails, *rds.scan_iter(f"*{RUN}*")]
+    if leftovers:
+        rds.delete(*leftovers)
     rds.close()
     store.close()
 
