@@ -13,14 +13,14 @@ import itertools
 import logging
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import beat
 from celery.schedules import crontab
 
-from voltro_beat import catchup
+from voltro_beat import catchup, overlap
 from voltro_beat.config import Settings
 from voltro_beat.coordination import Gate, gate_for
 from voltro_beat.exceptions import ConfigurationError, StoreError
@@ -38,6 +38,10 @@ RETRY_DELAY = 1.0
 BATCH = 1000
 #: Occurrences of one schedule handled per tick when it is behind (after a pause or outage).
 MAX_BACKLOG = 1000
+#: How long a live run blocks the next one of a ``skip`` / ``queue`` schedule by default.
+DEFAULT_OVERLAP_TIMEOUT = timedelta(hours=1)
+#: Seconds between checks for queued runs whose predecessor finished.
+QUEUE_POLL = timedelta(seconds=1)
 #: How often a replica deletes claims and runs past their retention.
 RETENTION_EVERY = timedelta(hours=1)
 
@@ -68,6 +72,9 @@ class Scheduler(beat.Scheduler):
     _entries: dict[str, Entry]
     #: Per schedule: claims older than this much before a won occurrence are pruned.
     _graces: dict[str, timedelta | None]
+    #: Per ``skip`` / ``queue`` schedule: how long a live run blocks the next one.
+    _overlap_timeouts: dict[str, timedelta]
+    _queue_policy: list[str]
     _store: Store
     _gate: Gate
     _publisher: Publisher
@@ -79,6 +86,7 @@ class Scheduler(beat.Scheduler):
         self._queue: list[tuple[datetime, int, _Due]] = []
         self._seq = itertools.count()
         self._store_down_since: datetime | None = None
+        self._queued_waiting = False
         self._broker_down = False
         #: Published, but the store failed before they were marked: retried first thing.
         self._unmarked: list[str] = []
@@ -124,10 +132,24 @@ class Scheduler(beat.Scheduler):
         self._settings = settings
         self._entries = {entry.name: entry for entry in entries}
         self._graces = {entry.name: _grace(entry) for entry in entries}
+        self._overlap_timeouts = {
+            entry.name: self._overlap_timeout(entry)
+            for entry in entries
+            if entry.on_overlap != "allow"
+        }
+        self._queue_policy = [entry.name for entry in entries if entry.on_overlap == "queue"]
         self._store = store
         self._gate = gate_for(settings.coordination, store)
         self._publisher = Publisher(self.app)
         self._configured = True
+
+    def _overlap_timeout(self, entry: Entry) -> timedelta:
+        """The entry's own, else the task's hard time limit, else one hour."""
+        if entry.overlap_timeout is not None:
+            return entry.overlap_timeout
+        task = self.app.tasks.get(entry.task)
+        limit = getattr(task, "time_limit", None) or self.app.conf.task_time_limit
+        return timedelta(seconds=limit) if limit else DEFAULT_OVERLAP_TIMEOUT
 
     def _beat_schedule(self) -> Mapping[str, Mapping[str, Any]]:
         schedule = dict(self.app.conf.beat_schedule or {})
@@ -182,6 +204,8 @@ class Scheduler(beat.Scheduler):
             self._sweep(now)
             self._next_retention = now + RETENTION_EVERY
         self._fire_due(now)
+        if self._queue_policy:
+            self._promote_queued(now)
         if self._store_down_since is not None:
             logger.warning("voltro_beat: store %s is reachable again", self._store.display_url)
             self._store_down_since = None
@@ -213,7 +237,11 @@ class Scheduler(beat.Scheduler):
         if not due:
             return
         try:
-            self._record([self._occurrence(d.entry, at, now) for d in due for at in d.pending], now)
+            occurrences = [self._occurrence(d.entry, at, now) for d in due for at in d.pending]
+            guarded = [d.entry.name for d in due if d.entry.on_overlap != "allow"]
+            if guarded:
+                occurrences = self._apply_overlap(occurrences, guarded, now)
+            self._record(occurrences, now)
             for d in due:
                 d.advance(now)
         finally:
@@ -221,6 +249,57 @@ class Scheduler(beat.Scheduler):
             for d in due:
                 if d.pending:
                     self._push(d)
+
+    def _apply_overlap(
+        self, occurrences: list[Occurrence], guarded: list[str], now: datetime
+    ) -> list[Occurrence]:
+        """Turn occurrences of ``skip`` / ``queue`` schedules with a live predecessor into
+        ``skipped`` / ``queued`` rows."""
+        views = self._live_views(guarded, now)
+        decided = []
+        for o in sorted(occurrences, key=lambda o: o.scheduled_at):
+            entry = self._entries[o.schedule]
+            if entry.on_overlap == "allow" or o.status != "claimed":
+                decided.append(o)
+                continue
+            status, reason = overlap.decide(entry.on_overlap, o.scheduled_at, views[o.schedule])
+            if status == "claimed":
+                # Whatever of this schedule follows in the same tick waits behind this one.
+                run = overlap.LiveRun(o.key, o.schedule, status, o.scheduled_at, now)
+                views[o.schedule] = overlap.with_claimed(views[o.schedule], run)
+            decided.append(replace(o, status=status, reason=reason))
+        return decided
+
+    def _live_views(self, names: list[str], now: datetime) -> dict[str, overlap.View]:
+        """Each schedule's live runs; stale ones are marked in their rows on the way."""
+        since = now - max(self._overlap_timeouts[n] for n in names) * 2
+        live: dict[str, list[overlap.LiveRun]] = {name: [] for name in names}
+        for run in self._store.live_runs(names, since=since):
+            live[run.schedule].append(run)
+        views = {
+            name: overlap.view(runs, now=now, timeout=self._overlap_timeouts[name])
+            for name, runs in live.items()
+        }
+        stale = [run.key for v in views.values() for run in v.stale]
+        if stale:
+            self._store.note_overlap_timeout(stale)
+        return views
+
+    def _promote_queued(self, now: datetime) -> None:
+        """Publish the oldest queued run of each ``queue`` schedule whose predecessor ended."""
+        views = self._live_views(self._queue_policy, now)
+        self._queued_waiting = any(v.queued for v in views.values())
+        for name, view in views.items():
+            run = overlap.next_to_promote(view)
+            if run is None:
+                continue
+            entry = self._entries[name]
+            if now - run.scheduled_at > entry.max_lateness:
+                self._store.mark_missed([run.key], reason="late", waiting=overlap.QUEUED)
+            elif self._store.promote(run.key, now=now):
+                self._publish_and_mark(
+                    [PendingRun(run.key, name, task_id_for(run.key), run.scheduled_at)]
+                )
 
     def _occurrence(
         self,
@@ -333,6 +412,9 @@ class Scheduler(beat.Scheduler):
         wake = min(self._next_recovery, self._next_retention)
         if self._queue:
             wake = min(wake, self._queue[0][0])
+        if self._queued_waiting:
+            # A queued run starts within a second of its predecessor finishing.
+            wake = min(wake, now + QUEUE_POLL)
         return max(0.0, min((wake - now).total_seconds(), float(self.max_interval)))
 
     def _on_store_error(self, exc: StoreError) -> None:

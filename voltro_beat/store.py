@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -27,6 +27,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from voltro_beat.exceptions import ConfigurationError, StoreError
+from voltro_beat.overlap import QUEUED, RUNNING, LiveRun
 from voltro_beat.tables import claims, runs
 
 logger = logging.getLogger(__name__)
@@ -123,7 +124,21 @@ class Store(Protocol):
 
     def mark_published(self, keys: Iterable[str], *, now: datetime) -> None: ...
 
-    def mark_missed(self, keys: Iterable[str], *, reason: str) -> None: ...
+    def mark_missed(self, keys: Iterable[str], *, reason: str, waiting: str = "claimed") -> None:
+        """Record runs still ``waiting`` (claimed or queued) as missed, saying why."""
+        ...
+
+    def live_runs(self, schedules: Sequence[str], *, since: datetime) -> list[LiveRun]:
+        """Unfinished runs (claimed to retrying, or queued) scheduled at or after ``since``."""
+        ...
+
+    def note_overlap_timeout(self, keys: Iterable[str]) -> None:
+        """Say in these live rows that they stopped blocking their schedule."""
+        ...
+
+    def promote(self, key: str, *, now: datetime) -> bool:
+        """Turn the ``queued`` run ``key`` into a claimed one of this replica; False if lost."""
+        ...
 
     def release_stale(self, *, before: datetime, now: datetime, limit: int) -> list[PendingRun]:
         """Take over ``claimed`` rows untouched since ``before`` (crashed or failed publishes)."""
@@ -314,7 +329,7 @@ class SqlStore:
         )
         self._write_in_chunks(stmt, keys)
 
-    def mark_missed(self, keys: Iterable[str], *, reason: str) -> None:
+    def mark_missed(self, keys: Iterable[str], *, reason: str, waiting: str = "claimed") -> None:
         keys = list(keys)
         if not keys:
             return
@@ -322,11 +337,52 @@ class SqlStore:
             sa.update(runs)
             .where(
                 runs.c.id.in_(sa.bindparam("keys", expanding=True)),
-                runs.c.status == "claimed",
+                runs.c.status == waiting,
             )
             .values(status="missed", reason=reason)
         )
         self._write_in_chunks(stmt, keys)
+
+    def live_runs(self, schedules: Sequence[str], *, since: datetime) -> list[LiveRun]:
+        stmt = sa.select(
+            runs.c.id,
+            runs.c.schedule,
+            runs.c.status,
+            runs.c.scheduled_at,
+            sa.func.coalesce(runs.c.started_at, runs.c.published_at, runs.c.claimed_at).label(
+                "since"
+            ),
+        ).where(
+            runs.c.schedule.in_(sa.bindparam("names", expanding=True)),
+            runs.c.scheduled_at >= since,
+            runs.c.status.in_([*RUNNING, QUEUED]),
+        )
+        found: list[LiveRun] = []
+        with self._connect() as conn:
+            for chunk in _chunks(list(schedules), SQLITE_CHUNK):
+                for key, name, status, at, started in conn.execute(stmt, {"names": chunk}):
+                    # coalesce() loses the column type on SQLite: parse the text back.
+                    found.append(LiveRun(key, name, status, at, _instant(started)))
+        return found
+
+    def note_overlap_timeout(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        if keys:
+            stmt = (
+                sa.update(runs)
+                .where(runs.c.id.in_(sa.bindparam("keys", expanding=True)), runs.c.reason.is_(None))
+                .values(reason="overlap_timeout")
+            )
+            self._write_in_chunks(stmt, keys)
+
+    def promote(self, key: str, *, now: datetime) -> bool:
+        stmt = (
+            sa.update(runs)
+            .where(runs.c.id == key, runs.c.status == QUEUED)
+            .values(status="claimed", claimed_at=now, replica=self.replica)
+        )
+        with self._connect() as conn, conn.begin():
+            return bool(conn.execute(stmt).rowcount)
 
     def _write_in_chunks(self, stmt: sa.Executable, keys: list[str]) -> None:
         chunks = list(_chunks(keys, SQLITE_CHUNK))
@@ -410,6 +466,7 @@ class SqlStore:
                 return total
 
     def close(self) -> None:
+        self._ledger_drop()
         self.engine.dispose()
 
     # -- plumbing ------------------------------------------------------------------------
@@ -682,6 +739,12 @@ def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[start : start + size]
 
 
+def _instant(value: Any) -> datetime:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
 def _first_line(exc: BaseException) -> str:
     return str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
 
@@ -770,11 +833,42 @@ class MemoryStore:
                 if row["status"] == "claimed":
                     row["status"] = "published"
 
-    def mark_missed(self, keys: Iterable[str], *, reason: str) -> None:
+    def mark_missed(self, keys: Iterable[str], *, reason: str, waiting: str = "claimed") -> None:
         with self._lock:
             for key in keys:
-                if self.runs[key]["status"] == "claimed":
+                if self.runs[key]["status"] == waiting:
                     self.runs[key].update(status="missed", reason=reason)
+
+    def live_runs(self, schedules: Sequence[str], *, since: datetime) -> list[LiveRun]:
+        wanted = set(schedules)
+        with self._lock:
+            return [
+                LiveRun(
+                    r["id"],
+                    r["schedule"],
+                    r["status"],
+                    r["scheduled_at"],
+                    r.get("started_at") or r.get("published_at") or r["claimed_at"],
+                )
+                for r in self.runs.values()
+                if r["schedule"] in wanted
+                and r["scheduled_at"] >= since
+                and r["status"] in (*RUNNING, QUEUED)
+            ]
+
+    def note_overlap_timeout(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            for key in keys:
+                if self.runs[key].get("reason") is None:
+                    self.runs[key]["reason"] = "overlap_timeout"
+
+    def promote(self, key: str, *, now: datetime) -> bool:
+        with self._lock:
+            row = self.runs[key]
+            if row["status"] != QUEUED:
+                return False
+            row.update(status="claimed", claimed_at=now, replica=self.replica)
+            return True
 
     def release_stale(self, *, before: datetime, now: datetime, limit: int) -> list[PendingRun]:
         with self._lock:

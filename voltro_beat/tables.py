@@ -97,7 +97,8 @@ runs = Table(
     Column("scheduled_at", UTCDateTime, nullable=False),
     Column("coordination_outcome", Text, nullable=False),
     Column("status", Text, nullable=False),
-    # Why a run is missed or skipped (late, store_down, publish_failed, catch_up, overlap).
+    # Why: a missed or skipped run (late, store_down, publish_failed, catch_up, overlap), a
+    # live run that stopped blocking its schedule (overlap_timeout), a retry or a revoke.
     Column("reason", Text),
     Column("replica", Text),
     Column("worker", Text),

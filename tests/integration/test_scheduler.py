@@ -38,6 +38,8 @@ def store_url(tmp_path: Path) -> str:
 def replicas(store_url: str) -> Iterator[Any]:
     """Build schedulers (replicas) on the shared store; close them all afterwards."""
     made: list[Scheduler] = []
+    # kombu's in-memory broker is one per process: start from an empty queue.
+    drain(Celery("drain", broker="memory://", set_as_current=False))
 
     def make(
         name: str = "r1", *, broker: str = "memory://", schedule: Any = None, **conf: Any
@@ -251,3 +253,76 @@ def test_entry_lateness_must_be_shorter_than_runs_retention(replicas: Any) -> No
     with pytest.raises(ConfigurationError) as info:
         replicas("r1", schedule=schedule)
     assert (info.value.entry, info.value.field) == ("slow", "max_lateness")
+
+
+def finish(store_url: str, key: str, status: str = "succeeded") -> None:
+    """What the worker's ledger would write when the run ends."""
+    engine = sa.create_engine(store_url)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE _voltro_schedule_runs SET status = :s WHERE id = :k"),
+            {"s": status, "k": key},
+        )
+    engine.dispose()
+
+
+def test_overlap_skip(replicas: Any, store_url: str) -> None:
+    schedule = {"s": {"task": "proj.work", "schedule": 1.0, "on_overlap": "skip"}}
+    r1, r2 = replicas("r1", schedule=schedule), replicas("r2", schedule=schedule)
+    for n in range(3):
+        r1._tick(sec(n))
+        r2._tick(sec(n))
+    finish(store_url, "s@2026-01-01T10:00:01")
+    r1._tick(sec(3))
+    r2._tick(sec(3))
+    statuses = {k: (r.status, r.reason) for k, r in rows(store_url).items()}
+    assert statuses == {
+        "s@2026-01-01T10:00:01": ("succeeded", None),
+        "s@2026-01-01T10:00:02": ("skipped", "overlap"),
+        "s@2026-01-01T10:00:03": ("published", None),
+    }
+    assert len(drain(r1.app)) == 2
+
+
+def test_overlap_queue_publishes_in_order_once_the_predecessor_ends(
+    replicas: Any, store_url: str
+) -> None:
+    schedule = {"s": {"task": "proj.work", "schedule": 1.0, "on_overlap": "queue"}}
+    r1, r2 = replicas("r1", schedule=schedule), replicas("r2", schedule=schedule)
+    for n in range(4):
+        r1._tick(sec(n))
+        r2._tick(sec(n))
+    key = "s@2026-01-01T10:00:0{}".format
+    assert [r.status for r in rows(store_url).values()] == ["published", "queued", "queued"]
+    assert [h["voltro_occurrence"] for h in drain(r1.app)] == [key(1)]
+    finish(store_url, key(1))
+    r2._tick(sec(4.5))
+    r1._tick(sec(4.5))
+    assert [h["voltro_occurrence"] for h in drain(r1.app)] == [key(2)]
+    assert rows(store_url)[key(3)].status == "queued"
+    finish(store_url, key(2), "failed")
+    r1._tick(sec(4.7))
+    assert [h["voltro_occurrence"] for h in drain(r1.app)] == [key(3)]
+
+
+def test_overlap_timeout_releases_a_stuck_run(replicas: Any, store_url: str) -> None:
+    schedule = {
+        "s": {"task": "proj.work", "schedule": 10.0, "on_overlap": "skip", "overlap_timeout": 15}
+    }
+    r1 = replicas("r1", schedule=schedule)
+    r1._tick(sec(0))
+    r1._tick(sec(10))  # published; no worker ever finishes it
+    # published_at is stamped with the wall clock: put it on this test's clock.
+    engine = sa.create_engine(store_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE _voltro_schedule_runs SET published_at = claimed_at"))
+    engine.dispose()
+    r1._tick(sec(20))  # 10 s old: still blocking
+    r1._tick(sec(30))  # 20 s old: past the timeout
+    found = rows(store_url)
+    assert (found["s@2026-01-01T10:00:10"].status, found["s@2026-01-01T10:00:10"].reason) == (
+        "published",
+        "overlap_timeout",
+    )
+    assert found["s@2026-01-01T10:00:20"].status == "skipped"
+    assert found["s@2026-01-01T10:00:30"].status == "published"
