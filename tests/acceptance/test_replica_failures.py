@@ -1,0 +1,131 @@
+"""Replicas that die or all stop: no duplicate, no gap, catch-up as each entry's policy says."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from vbt_harness import (
+    EVERY_2S,
+    EVERY_SECOND,
+    REPLICAS,
+    Deployments,
+    Outcome,
+    Sched,
+    check,
+    finish,
+    next_boundary,
+    now,
+    problems_exactly_once,
+    problems_missed,
+    problems_missed_or_once,
+    problems_no_duplicates,
+    scheduled_at,
+    sleep_until,
+    window_start,
+)
+
+
+def test_kill_minus_nine_of_one_replica_leaves_no_duplicate_and_no_gap(
+    deployment: Deployments,
+) -> None:
+    schedules = [EVERY_SECOND, EVERY_2S]
+    dep = deployment()
+    # A claimed-but-unpublished row of the victim is republished after this long.
+    dep.configure(schedules, voltro_beat_publish_timeout=3)
+    dep.start_worker()
+    dep.start_beats(*REPLICAS)
+    dep.wait_ready()
+
+    # Half a second past an occurrence: a kill between a publish and its mark is the business
+    # of test_store_outage.py's test_store_failing_between_publish_and_mark_does_not_duplicate.
+    start = window_start()
+    end = start + timedelta(seconds=22)
+    sleep_until(start + timedelta(seconds=8, milliseconds=500))
+    victim = dep.beats["r1"]
+    victim.kill9()
+    killed_at = now()
+    outcome = finish(dep, schedules, start, end)
+
+    assert victim.popen.returncode == -9
+    check(problems_exactly_once(outcome.keys, outcome.runs, outcome.executions), "occurrences")
+    check(problems_no_duplicates(outcome.executions), "executions")
+    runs = [outcome.runs[k] for k in outcome.keys]
+    assert any(r.replica == "r1" and r.scheduled_at < killed_at for r in runs), (
+        "the victim never won anything before it was killed: the test proves nothing"
+    )
+    after = {r.replica for r in runs if r.scheduled_at > killed_at + timedelta(seconds=1)}
+    assert after and after <= {"r2", "r3"}, after
+
+
+EVERY = timedelta(seconds=5)
+CATCH_UP = {
+    policy: Sched(f"catch-up-{policy}", "timedelta(seconds=5)", {"catch_up": repr(policy)})
+    for policy in ("latest", "skip", "all")
+}
+STOPPED_FOR = timedelta(seconds=20)
+
+
+def test_restart_after_a_20s_stop_catches_up_as_each_policy_says(
+    deployment: Deployments,
+) -> None:
+    schedules = list(CATCH_UP.values())
+    dep = deployment()
+    dep.configure(schedules)
+    dep.start_worker()
+    dep.start_beats(*REPLICAS)
+    dep.wait_ready()
+
+    # Stop half a second after a 5 s boundary (its occurrence is out by then) and restart just
+    # after one, so that the replicas usually finish booting before the next occurrence.
+    start = window_start()
+    stop_at = next_boundary(start + 2 * EVERY, EVERY, timedelta(milliseconds=500))
+    sleep_until(stop_at)
+    dep.stop_beats()
+    stopped = now()
+    before = dep.runs().values()
+    last = {s.name: max(r.scheduled_at for r in before if r.schedule == s.name) for s in schedules}
+    restart = next_boundary(stopped + STOPPED_FOR, EVERY, timedelta(milliseconds=200))
+    sleep_until(restart)
+    dep.start_beats(*REPLICAS)
+    dep.wait_ready()
+    booted = now()
+    end = booted + 2 * EVERY
+    outcome = finish(dep, schedules, start, end)
+
+    problems = problems_no_duplicates(outcome.executions)
+    for policy, sched in CATCH_UP.items():
+        keys = outcome.keys_of(sched.name)
+        ran = [k for k in keys if scheduled_at(k) <= last[sched.name]]
+        gap = [k for k in keys if last[sched.name] < scheduled_at(k) < restart]
+        unsure = [k for k in keys if restart <= scheduled_at(k) < booted]
+        after = [k for k in keys if scheduled_at(k) >= booted]
+        assert len(ran) >= 2 and len(gap) >= 3 and after, (policy, ran, gap, after)
+        problems += problems_exactly_once(ran + after, outcome.runs, outcome.executions)
+        problems += _catch_up_problems(policy, gap, unsure, outcome)
+    check(problems, f"stopped {stopped:%H:%M:%S.%f}, restarted {restart:%H:%M:%S.%f}")
+
+
+def _catch_up_problems(
+    policy: str, gap: list[str], unsure: list[str], outcome: Outcome
+) -> list[str]:
+    """Check the occurrences no replica ran while all were stopped against ``policy``.
+
+    ``gap`` happened before the restart, so every replica's boot saw them all; ``unsure``
+    happened while the replicas were booting, so a replica may have counted them as missed
+    (it booted after them) or fired them normally (before): either is fine, once.
+    """
+    missed, either = [], []
+    if policy == "all":
+        published = gap + unsure
+    elif policy == "skip":
+        published, missed, either = [], gap, unsure
+    elif not unsure:  # latest, the usual case: only the newest missed occurrence runs
+        published, missed = gap[-1:], gap[:-1]
+    else:  # latest, with an occurrence during the boot: the newest one some replica saw
+        published, missed, either = [], gap[:-1], gap[-1:] + unsure
+    problems = problems_exactly_once(published, outcome.runs, outcome.executions)
+    problems += problems_missed(missed, outcome, {"catch_up"})
+    problems += problems_missed_or_once(either, outcome, {"catch_up"})
+    if either and policy == "latest" and not any(outcome.executed(k) for k in either):
+        problems.append(f"none of {either} was published")
+    return [f"{policy}: {p}" for p in problems]

@@ -1,0 +1,66 @@
+"""The Celery app the acceptance tests run as real ``celery beat -S voltro`` and worker processes.
+
+Configured entirely from the environment so that one module serves every scenario:
+
+* ``VBT_CONFIG_FILE``: a Python file defining ``CONFIG``, a dict merged into ``app.conf``
+  (broker, queue, ``beat_schedule``, ``voltro_beat_*`` settings); the tests write it.
+* ``VBT_EXEC_DSN``: the libpq DSN of the test's own PostgreSQL database, where
+  :func:`record` writes one row per execution (table ``vbt_executions``).
+
+The store URL and the replica name come from ``VOLTRO_BEAT_STORE_URL`` and
+``VOLTRO_BEAT_REPLICA``, the way an operator would set them.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from celery import Celery, Task
+
+app = Celery("vbt_proj")
+app.conf.update(timezone="UTC", enable_utc=True, result_expires=None)
+_config_file = os.environ.get("VBT_CONFIG_FILE")
+if _config_file:
+    app.conf.update(runpy.run_path(_config_file)["CONFIG"])
+
+EXECUTIONS_DDL = """
+CREATE TABLE IF NOT EXISTS vbt_executions (
+    seq bigserial PRIMARY KEY,
+    task_id text NOT NULL,
+    occurrence text,
+    periodic_task_name text,
+    worker_pid integer NOT NULL,
+    executed_at timestamptz NOT NULL
+)"""
+
+_conn: tuple[int, psycopg.Connection[Any]] | None = None
+
+
+def _connection() -> psycopg.Connection[Any]:
+    """One autocommit connection per (forked) pool process."""
+    global _conn
+    if _conn is None or _conn[0] != os.getpid() or _conn[1].closed:
+        _conn = (os.getpid(), psycopg.connect(os.environ["VBT_EXEC_DSN"], autocommit=True))
+    return _conn[1]
+
+
+@app.task(bind=True, name="vbt_proj.record")
+def record(self: Task) -> None:
+    """Write this execution, with the voltro headers as the worker sees them, to the table."""
+    request = self.request
+    _connection().execute(
+        "INSERT INTO vbt_executions"
+        " (task_id, occurrence, periodic_task_name, worker_pid, executed_at)"
+        " VALUES (%s, %s, %s, %s, %s)",
+        (
+            request.id,
+            getattr(request, "voltro_occurrence", None),
+            getattr(request, "periodic_task_name", None),
+            os.getpid(),
+            datetime.now(UTC),
+        ),
+    )
