@@ -210,7 +210,17 @@ class SqlStore:
                 pool_pre_ping=True,
                 pool_size=2,
                 max_overflow=2,
-                connect_args={"connect_timeout": 5, "application_name": "voltro_beat"},
+                connect_args={
+                    "connect_timeout": 5,
+                    "application_name": "voltro_beat",
+                    # A dead network must fail a statement within seconds (fail closed and
+                    # retry) rather than hang the tick for the kernel's default of minutes.
+                    "keepalives": 1,
+                    "keepalives_idle": 5,
+                    "keepalives_interval": 2,
+                    "keepalives_count": 3,
+                    "tcp_user_timeout": 10_000,
+                },
             )
         else:
             self.engine = sa.create_engine(url, pool_pre_ping=True)
