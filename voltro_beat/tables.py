@@ -74,6 +74,9 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
+#: Runs that are not finished: on their way, running, or waiting behind a predecessor.
+LIVE = "status IN ('claimed', 'published', 'started', 'retrying', 'queued')"
+
 metadata = MetaData()
 
 claims = Table(
@@ -112,6 +115,15 @@ runs = Table(
     Index("ix_voltro_runs_schedule_at", "schedule", "scheduled_at"),
     Index("ix_voltro_runs_scheduled_at", "scheduled_at"),
     Index("ix_voltro_runs_task_id", "task_id"),
+    # Unfinished runs of a schedule, for the overlap policies: small once workers record
+    # their outcomes (voltro_beat.attach), however long the runs retention.
+    Index(
+        "ix_voltro_runs_live",
+        "schedule",
+        "scheduled_at",
+        postgresql_where=text(LIVE),
+        sqlite_where=text(LIVE),
+    ),
     # Small partial index: the recovery sweep looks for rows still waiting to be published.
     Index(
         "ix_voltro_runs_pending",

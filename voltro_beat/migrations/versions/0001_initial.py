@@ -18,6 +18,7 @@ branch_labels = None
 depends_on = None
 
 PENDING = "status IN ('claimed', 'queued')"
+LIVE = "status IN ('claimed', 'published', 'started', 'retrying', 'queued')"
 
 
 def upgrade() -> None:
@@ -57,6 +58,13 @@ def upgrade() -> None:
     )
     op.create_index("ix_voltro_runs_scheduled_at", "_voltro_schedule_runs", ["scheduled_at"])
     op.create_index("ix_voltro_runs_task_id", "_voltro_schedule_runs", ["task_id"])
+    op.create_index(
+        "ix_voltro_runs_live",
+        "_voltro_schedule_runs",
+        ["schedule", "scheduled_at"],
+        postgresql_where=sa.text(LIVE),
+        sqlite_where=sa.text(LIVE),
+    )
     op.create_index(
         "ix_voltro_runs_pending",
         "_voltro_schedule_runs",
