@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
 
 from vbt_harness import (
@@ -41,7 +42,11 @@ def test_kill_minus_nine_of_one_replica_leaves_no_duplicate_and_no_gap(
     start = window_start()
     end = start + timedelta(seconds=22)
     sleep_until(start + timedelta(seconds=8, milliseconds=500))
-    victim = dep.beats["r1"]
+    # The replica that won the most so far, so that the kill takes away a real contributor.
+    wins = Counter(r.replica for r in dep.runs().values() if r.scheduled_at >= start)
+    name = wins.most_common(1)[0][0]
+    assert name in REPLICAS, wins
+    victim = dep.beats[name]
     victim.kill9()
     killed_at = now()
     outcome = finish(dep, schedules, start, end)
@@ -50,11 +55,8 @@ def test_kill_minus_nine_of_one_replica_leaves_no_duplicate_and_no_gap(
     check(problems_exactly_once(outcome.keys, outcome.runs, outcome.executions), "occurrences")
     check(problems_no_duplicates(outcome.executions), "executions")
     runs = [outcome.runs[k] for k in outcome.keys]
-    assert any(r.replica == "r1" and r.scheduled_at < killed_at for r in runs), (
-        "the victim never won anything before it was killed: the test proves nothing"
-    )
     after = {r.replica for r in runs if r.scheduled_at > killed_at + timedelta(seconds=1)}
-    assert after and after <= {"r2", "r3"}, after
+    assert after and name not in after, (name, after)
 
 
 EVERY = timedelta(seconds=5)

@@ -6,7 +6,7 @@ machine's shared server.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import psycopg
 import pytest
@@ -47,7 +47,7 @@ def _start(dep: Deployment, *schedules: Sched) -> None:
     dep.wait_ready()
 
 
-def _recovered(dep: Deployment, since: object) -> bool:
+def _recovered(dep: Deployment, since: datetime) -> bool:
     return any(r.claimed_at and r.claimed_at > since for r in dep.runs().values())
 
 

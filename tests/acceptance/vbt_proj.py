@@ -5,7 +5,8 @@ Configured entirely from the environment so that one module serves every scenari
 * ``VBT_CONFIG_FILE``: a Python file defining ``CONFIG``, a dict merged into ``app.conf``
   (broker, queue, ``beat_schedule``, ``voltro_beat_*`` settings); the tests write it.
 * ``VBT_EXEC_DSN``: the libpq DSN of the test's own PostgreSQL database, where
-  :func:`record` writes one row per execution (table ``vbt_executions``).
+  :func:`record` writes one row per execution (table ``vbt_executions``, created by the
+  test: ``vbt_harness.EXECUTIONS_DDL``).
 
 The store URL and the replica name come from ``VOLTRO_BEAT_STORE_URL`` and
 ``VOLTRO_BEAT_REPLICA``, the way an operator would set them.
@@ -26,16 +27,6 @@ app.conf.update(timezone="UTC", enable_utc=True, result_expires=None)
 _config_file = os.environ.get("VBT_CONFIG_FILE")
 if _config_file:
     app.conf.update(runpy.run_path(_config_file)["CONFIG"])
-
-EXECUTIONS_DDL = """
-CREATE TABLE IF NOT EXISTS vbt_executions (
-    seq bigserial PRIMARY KEY,
-    task_id text NOT NULL,
-    occurrence text,
-    periodic_task_name text,
-    worker_pid integer NOT NULL,
-    executed_at timestamptz NOT NULL
-)"""
 
 _conn: tuple[int, psycopg.Connection[Any]] | None = None
 
