@@ -106,8 +106,11 @@ def plan(args: argparse.Namespace, contenders: list[str]) -> list[Case]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so every ``finally`` stops the processes it started.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # SIGTERM unwinds like Ctrl-C, so every ``finally`` stops the processes it started and the
+    # finished cases are still reported; SIGINT is re-armed because a shell starts background
+    # jobs with it ignored.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     svc = Services(voltro_store=args.voltro_store)
     ensure_database(svc)
 
@@ -151,25 +154,30 @@ def main(argv: list[str] | None = None) -> int:
         out_path.write_text(json.dumps(doc, indent=1, default=str))
 
     cases = plan(args, contenders)
-    if "raw" in args.workloads.split(","):
-        print("raw limits ...", flush=True)
-        doc["raw"] = raw.run(svc, args.quick)
-        save()
     by_case: dict[Case, list[dict[str, Any]]] = {}
-    for k in range(args.repeat):
-        for n, case in enumerate(cases, 1):
-            print(f"[{k + 1}/{args.repeat} {n}/{len(cases)}] {case.label} ...", flush=True)
-            try:
-                figures = run_case(case, cfg)
-            except Exception as exc:  # one broken case must not lose the others
-                doc["errors"][f"{case.label}#{k + 1}"] = f"{type(exc).__name__}: {exc}"
-                print(f"    FAILED: {exc}", flush=True)
-                save()
-                continue
-            print("    " + json.dumps(figures), flush=True)
-            by_case.setdefault(case, []).append(figures)
-            doc["runs"].append({"case": case.__dict__, "repeat": k + 1, "figures": figures})
+    try:
+        if "raw" in args.workloads.split(","):
+            print("raw limits ...", flush=True)
+            doc["raw"] = raw.run(svc, args.quick)
             save()
+        for k in range(args.repeat):
+            for n, case in enumerate(cases, 1):
+                print(f"[{k + 1}/{args.repeat} {n}/{len(cases)}] {case.label} ...", flush=True)
+                try:
+                    figures = run_case(case, cfg)
+                except Exception as exc:  # one broken case must not lose the others
+                    doc["errors"][f"{case.label}#{k + 1}"] = f"{type(exc).__name__}: {exc}"
+                    print(f"    FAILED: {exc}", flush=True)
+                    save()
+                    continue
+                print("    " + json.dumps(figures), flush=True)
+                by_case.setdefault(case, []).append(figures)
+                doc["runs"].append({"case": case.__dict__, "repeat": k + 1, "figures": figures})
+                save()
+    except KeyboardInterrupt:
+        # The case's processes are already stopped; report what was measured so far.
+        doc["errors"]["interrupted"] = "Ctrl-C or SIGTERM: the remaining cases did not run"
+        print("\ninterrupted: reporting the cases that finished", flush=True)
     medians = {case: report.median(runs) for case, runs in by_case.items()}
     doc["medians"] = [{"case": c.__dict__, "figures": f} for c, f in medians.items()]
     doc["ratios"] = report.ratios(medians)
@@ -178,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     print(report.markdown(medians, doc["raw"], skipped, doc["errors"]))
     print(f"\nJSON: {out_path}")
     return 1 if doc["errors"] else 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _cpus() -> int:
