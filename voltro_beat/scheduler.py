@@ -272,7 +272,7 @@ class Scheduler(beat.Scheduler):
 
     def _live_views(self, names: list[str], now: datetime) -> dict[str, overlap.View]:
         """Each schedule's live runs; stale ones are marked in their rows on the way."""
-        since = now - max(self._overlap_timeouts[n] for n in names) * 2
+        since = now - max(self._live_window(n) for n in names)
         live: dict[str, list[overlap.LiveRun]] = {name: [] for name in names}
         for run in self._store.live_runs(names, since=since):
             live[run.schedule].append(run)
@@ -284,6 +284,18 @@ class Scheduler(beat.Scheduler):
         if stale:
             self._store.note_overlap_timeout(stale)
         return views
+
+    def _live_window(self, name: str) -> timedelta:
+        """How far back the live runs of a ``skip`` / ``queue`` schedule can be scheduled.
+
+        A run blocks for the overlap timeout counted from its start, which is soon after its
+        instant, unless it waited in a ``queue`` backlog: that reaches back ``max_lateness``.
+        A run outside this window is not seen at all: the next one would be promoted while it
+        runs, and a queued one would be neither promoted nor recorded missed.
+        """
+        window = self._overlap_timeouts[name] * 2
+        entry = self._entries[name]
+        return window + entry.max_lateness if entry.on_overlap == "queue" else window
 
     def _promote_queued(self, now: datetime) -> None:
         """Publish the oldest queued run of each ``queue`` schedule whose predecessor ended."""

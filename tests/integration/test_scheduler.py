@@ -326,3 +326,35 @@ def test_overlap_timeout_releases_a_stuck_run(replicas: Any, store_url: str) -> 
     )
     assert found["s@2026-01-01T10:00:20"].status == "skipped"
     assert found["s@2026-01-01T10:00:30"].status == "published"
+
+
+def test_overlap_queue_backlog_older_than_the_timeout(replicas: Any, store_url: str) -> None:
+    # The overlap timeout (5 s) bounds how long a running run blocks, not how far back a
+    # queue's backlog reaches: that is max_lateness. Runs queued longer than the timeout are
+    # still promoted oldest first, and a promoted run that started recently still blocks.
+    schedule = {
+        "s": {"task": "proj.work", "schedule": 1.0, "on_overlap": "queue", "overlap_timeout": 5}
+    }
+    r1 = replicas("r1", schedule=schedule)
+    key = "s@2026-01-01T10:00:{:02}".format
+    for n in range(15):
+        r1._tick(sec(n))  # s@1 published (stamped with the wall clock: never stale here)
+    assert [h["voltro_occurrence"] for h in drain(r1.app)] == [key(1)]
+    finish(store_url, key(1))
+    r1._tick(sec(15))
+    assert [h["voltro_occurrence"] for h in drain(r1.app)] == [key(2)]
+    engine = sa.create_engine(store_url)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE _voltro_schedule_runs SET status = 'started', started_at = :t WHERE id = :k"
+            ),
+            {"t": sec(15).replace(tzinfo=None), "k": key(2)},
+        )
+    engine.dispose()
+    r1._tick(sec(16.5))  # s@2 started 1.5 s ago: it blocks, though scheduled 14.5 s ago
+    assert drain(r1.app) == []
+    finish(store_url, key(2))
+    r1._tick(sec(17))
+    assert [h["voltro_occurrence"] for h in drain(r1.app)] == [key(3)]
+    assert {r.status for k, r in rows(store_url).items() if k > key(3)} == {"queued"}
