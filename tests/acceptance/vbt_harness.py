@@ -344,6 +344,9 @@ class Deployment:
     broker_url: str
     exec_dsn: str
     queue: str = field(default_factory=lambda: f"vbt-acc-{uuid.uuid4().hex[:10]}")
+    #: The module ``celery -A`` loads in every process, and the worker's pool size.
+    app: str = "vbt_proj"
+    concurrency: int = 2
     beats: dict[str, Proc] = field(default_factory=dict)
     worker: Proc | None = None
     _starts: Counter[str] = field(default_factory=Counter)
@@ -384,7 +387,7 @@ class Deployment:
 
     def beat_argv(self, name: str) -> list[str]:
         return [
-            sys.executable, "-m", "celery", "-A", "vbt_proj", "beat", "-S", "voltro",
+            sys.executable, "-m", "celery", "-A", self.app, "beat", "-S", "voltro",
             "-l", "info", "-s", str(self.workdir / f"celerybeat-{name}"),
         ]  # fmt: skip
 
@@ -400,8 +403,8 @@ class Deployment:
 
     def start_worker(self) -> None:
         argv = [
-            sys.executable, "-m", "celery", "-A", "vbt_proj", "worker", "-P", "prefork",
-            "-c", "2", "-l", "info", "--without-mingle", "--without-gossip",
+            sys.executable, "-m", "celery", "-A", self.app, "worker", "-P", "prefork",
+            "-c", str(self.concurrency), "-l", "info", "--without-mingle", "--without-gossip",
             "--without-heartbeat", "-Q", self.queue, "-n", f"{self.queue}@%h",
         ]  # fmt: skip
         self.worker = self.procs.start(
@@ -513,7 +516,10 @@ class Deployments:
         self.need = need
         self.made: list[Deployment] = []
 
-    def __call__(self, store: str = "postgresql", broker: str = "redis") -> Deployment:
+    def __call__(
+        self, store: str = "postgresql", broker: str = "redis", **options: Any
+    ) -> Deployment:
+        """``options``: further :class:`Deployment` fields (``app``, ``concurrency``)."""
         if broker in ("redis", "rabbitmq"):
             self.need(broker)
         stores = {
@@ -526,6 +532,7 @@ class Deployments:
             store_url=stores.get(store, store),
             broker_url={"redis": REDIS_URL, "rabbitmq": AMQP_URL}.get(broker, broker),
             exec_dsn=self.exec_db,
+            **options,
         )
         dep.create_executions_table()
         self.made.append(dep)
