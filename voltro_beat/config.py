@@ -103,6 +103,15 @@ class Settings:
             ),
             timezone=_timezone(conf.get("timezone")),
         )
+        connect = float(conf.get("broker_connection_timeout") or 4.0)
+        if settings.publish_timeout.total_seconds() <= 2 * connect:
+            # A publish attempt can take two connection timeouts; a shorter lease would let
+            # another replica republish a run whose first attempt is still under way.
+            raise ConfigurationError(
+                f"must be longer than twice broker_connection_timeout ({connect:g} s), "
+                f"got {settings.publish_timeout.total_seconds():g} s",
+                field="voltro_beat_publish_timeout",
+            )
         if settings.runs_ttl <= settings.max_lateness:
             # The run row is the long fence (invariant 6): it must outlive every occurrence
             # that could still be published.

@@ -173,7 +173,10 @@ class Publisher:
 
     def _get_producer(self) -> Producer:
         if self._producer is None:
-            self._connection = self.app.connection_for_write()
+            # kombu's own connection retries (broker_connection_timeout, every 2 s) would hold a
+            # tick for seconds while the broker is down: one quick attempt, then fail closed.
+            options = dict(self.app.conf.broker_transport_options or {}, **RETRY_POLICY)
+            self._connection = self.app.connection_for_write(transport_options=options)
             self._producer = self.app.amqp.Producer(self._connection, auto_declare=False)
         return self._producer
 

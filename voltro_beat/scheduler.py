@@ -430,6 +430,10 @@ class Scheduler(beat.Scheduler):
         return max(0.0, min((wake - now).total_seconds(), float(self.max_interval)))
 
     def _on_store_error(self, exc: StoreError) -> None:
+        # Runs published just before the outage may still be unmarked by their owners (this
+        # replica's are in _unmarked): give every owner a full publish_timeout with the store
+        # back before any recovery sweep republishes a run it did publish.
+        self._next_recovery = max(self._next_recovery, _now() + self._settings.publish_timeout)
         if self._store_down_since is None:
             self._store_down_since = _now()
             logger.warning("voltro_beat: publishing nothing while the store is down: %s", exc)

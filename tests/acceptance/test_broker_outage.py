@@ -104,12 +104,6 @@ def test_broker_down_for_10s_loses_nothing_within_max_lateness(scenario: Scenari
     check(problems, str(s))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler bug: with the broker down a publish blocks ~6 s in kombu's connection "
-    "retry loop (not bounded by RETRY_POLICY); if the broker returns meanwhile it succeeds, "
-    "past the entry's max_lateness; see tests/acceptance/README.md",
-)
 def test_broker_down_publishes_nothing_past_max_lateness(scenario: Scenario) -> None:
     """Invariant 6: no occurrence is published later than its max_lateness (give or take the
     half second between the publish and the stamp of ``published_at``)."""

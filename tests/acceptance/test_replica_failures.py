@@ -32,7 +32,7 @@ def test_kill_minus_nine_of_one_replica_leaves_no_duplicate_and_no_gap(
     schedules = [EVERY_SECOND, EVERY_2S]
     dep = deployment()
     # A claimed-but-unpublished row of the victim is republished after this long.
-    dep.configure(schedules, voltro_beat_publish_timeout=3)
+    dep.configure(schedules, voltro_beat_publish_timeout=3, broker_connection_timeout=1)
     dep.start_worker()
     dep.start_beats(*REPLICAS)
     dep.wait_ready()

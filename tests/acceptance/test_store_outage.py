@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import psycopg
-import pytest
 from vbt_harness import (
     REPLICAS,
     Deployment,
@@ -41,7 +40,7 @@ STORE_DOWN = {"store_down", "late"}
 
 
 def _start(dep: Deployment, *schedules: Sched) -> None:
-    dep.configure(schedules, voltro_beat_publish_timeout=3)
+    dep.configure(schedules, voltro_beat_publish_timeout=3, broker_connection_timeout=1)
     dep.start_worker()
     dep.start_beats(*REPLICAS)
     dep.wait_ready()
@@ -108,12 +107,6 @@ CREATE TRIGGER vbt_refuse_marks BEFORE UPDATE ON _voltro_schedule_runs FOR EACH 
 ACCEPT_MARKS = "DROP TRIGGER vbt_refuse_marks ON _voltro_schedule_runs"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler bug: a run published just before a store failure is republished by "
-    "another replica's recovery sweep after the store comes back (its owner had not yet "
-    "marked it published), so the task executes twice; see tests/acceptance/README.md",
-)
 def test_store_failing_between_publish_and_mark_does_not_duplicate(
     deployment: Deployments,
 ) -> None:

@@ -50,6 +50,11 @@ def test_coordination_aliases(alias: str) -> None:
         ({"voltro_beat_store_url": ""}, "voltro_beat_store_url"),
         ({"voltro_beat_migrate": "perhaps"}, "voltro_beat_migrate"),
         ({"voltro_beat_claims_ttl_hours": -1}, "voltro_beat_claims_ttl_hours"),
+        ({"voltro_beat_publish_timeout": 3}, "voltro_beat_publish_timeout"),
+        (
+            {"voltro_beat_publish_timeout": 15, "broker_connection_timeout": 10},
+            "voltro_beat_publish_timeout",
+        ),
         # The run row is the long fence: it must outlive max_lateness.
         (
             {"voltro_beat_runs_ttl_hours": 24, "voltro_beat_max_lateness": 2 * 86400},
