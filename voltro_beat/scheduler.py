@@ -86,7 +86,6 @@ class Scheduler(beat.Scheduler):
         self._queue: list[tuple[datetime, int, _Due]] = []
         self._seq = itertools.count()
         self._store_down_since: datetime | None = None
-        self._queued_waiting = False
         self._broker_down = False
         #: Published, but the store failed before they were marked: retried first thing.
         self._unmarked: list[str] = []
@@ -237,11 +236,7 @@ class Scheduler(beat.Scheduler):
         if not due:
             return
         try:
-            occurrences = [self._occurrence(d.entry, at, now) for d in due for at in d.pending]
-            guarded = [d.entry.name for d in due if d.entry.on_overlap != "allow"]
-            if guarded:
-                occurrences = self._apply_overlap(occurrences, guarded, now)
-            self._record(occurrences, now)
+            self._record([self._occurrence(d.entry, at, now) for d in due for at in d.pending], now)
             for d in due:
                 d.advance(now)
         finally:
@@ -250,11 +245,12 @@ class Scheduler(beat.Scheduler):
                 if d.pending:
                     self._push(d)
 
-    def _apply_overlap(
-        self, occurrences: list[Occurrence], guarded: list[str], now: datetime
-    ) -> list[Occurrence]:
+    def _apply_overlap(self, occurrences: list[Occurrence], now: datetime) -> list[Occurrence]:
         """Turn occurrences of ``skip`` / ``queue`` schedules with a live predecessor into
         ``skipped`` / ``queued`` rows."""
+        guarded = sorted({o.schedule for o in occurrences if o.schedule in self._overlap_timeouts})
+        if not guarded:
+            return occurrences
         views = self._live_views(guarded, now)
         decided = []
         for o in sorted(occurrences, key=lambda o: o.scheduled_at):
@@ -300,7 +296,6 @@ class Scheduler(beat.Scheduler):
     def _promote_queued(self, now: datetime) -> None:
         """Publish the oldest queued run of each ``queue`` schedule whose predecessor ended."""
         views = self._live_views(self._queue_policy, now)
-        self._queued_waiting = any(v.queued for v in views.values())
         for name, view in views.items():
             run = overlap.next_to_promote(view)
             if run is None:
@@ -340,8 +335,9 @@ class Scheduler(beat.Scheduler):
             prune_before=None if grace is None else at - grace,
         )
 
-    def _record(self, occurrences: Sequence[Occurrence], now: datetime) -> None:
+    def _record(self, occurrences: list[Occurrence], now: datetime) -> None:
         """Send ``occurrences`` through the gate in batches; publish the ones won."""
+        occurrences = self._apply_overlap(occurrences, now)
         batches = [occurrences[i : i + BATCH] for i in range(0, len(occurrences), BATCH)]
         random.Random(self._settings.replica).shuffle(batches)
         for batch in batches:
@@ -424,8 +420,9 @@ class Scheduler(beat.Scheduler):
         wake = min(self._next_recovery, self._next_retention)
         if self._queue:
             wake = min(wake, self._queue[0][0])
-        if self._queued_waiting:
-            # A queued run starts within a second of its predecessor finishing.
+        if self._queue_policy:
+            # A queued run starts within a second of its predecessor finishing, whichever
+            # replica queued it (that one may be gone).
             wake = min(wake, now + QUEUE_POLL)
         return max(0.0, min((wake - now).total_seconds(), float(self.max_interval)))
 

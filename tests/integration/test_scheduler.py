@@ -358,3 +358,16 @@ def test_overlap_queue_backlog_older_than_the_timeout(replicas: Any, store_url: 
     r1._tick(sec(17))
     assert [h["voltro_occurrence"] for h in drain(r1.app)] == [key(3)]
     assert {r.status for k, r in rows(store_url).items() if k > key(3)} == {"queued"}
+
+
+def test_catch_up_respects_the_overlap_policy(replicas: Any, store_url: str) -> None:
+    schedule = {"s": {"task": "proj.work", "schedule": 5.0, "on_overlap": "skip"}}
+    first = replicas("r1", schedule=schedule)
+    first._tick(sec(0))
+    first._tick(sec(5))  # published; its worker never reports back
+    first.close()
+    second = replicas("r2", schedule=schedule)
+    second._tick(sec(22))
+    statuses = {k: (r.status, r.reason) for k, r in rows(store_url).items()}
+    assert statuses["s@2026-01-01T10:00:15"] == ("missed", "catch_up")
+    assert statuses["s@2026-01-01T10:00:20"] == ("skipped", "overlap")
