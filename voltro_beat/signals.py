@@ -404,31 +404,27 @@ def _on_revoked(
 
 @_quietly
 def _on_unknown(sender: Any = None, name: Any = None, message: Any = None, **_: Any) -> None:
-    key = _occurrence_of_message(message)
-    recorder = _recorder(sender.app) if key is not None else None
-    if recorder is None:
-        return
-    recorder.record(
-        Event.UNKNOWN_TASK,
-        now=_now(),
-        key=key,
-        worker=_worker(getattr(sender, "hostname", None)),
-        error=ledger.bounded(f"NotRegistered: {name!r}"),
-    )
+    _record_message(sender, message, Event.UNKNOWN_TASK, ledger.bounded(f"NotRegistered: {name!r}"))
 
 
 @_quietly
 def _on_rejected(sender: Any = None, message: Any = None, exc: Any = None, **_: Any) -> None:
+    error = _describe(exc) if exc is not None else "the worker cannot decode this message"
+    _record_message(sender, message, Event.REJECTED, error)
+
+
+def _record_message(sender: Any, message: Any, event: Event, error: str | None) -> None:
+    """Record ``event`` for a message the worker's main process gave up on before a request."""
     key = _occurrence_of_message(message)
     recorder = _recorder(sender.app) if key is not None else None
     if recorder is None:
         return
     recorder.record(
-        Event.REJECTED,
+        event,
         now=_now(),
         key=key,
         worker=_worker(getattr(sender, "hostname", None)),
-        error=_describe(exc) if exc is not None else "the worker cannot decode this message",
+        error=error,
     )
 
 

@@ -13,25 +13,13 @@ from __future__ import annotations
 import os
 import time
 from datetime import UTC, datetime
-from typing import Any
 
-import psycopg
 from celery import Task
-from vbt_proj import app
+from vbt_proj import app, exec_connection
 
 import voltro_beat
 
 voltro_beat.attach(app)
-
-_conn: tuple[int, psycopg.Connection[Any]] | None = None
-
-
-def _connection() -> psycopg.Connection[Any]:
-    """One autocommit connection per (forked) pool process."""
-    global _conn
-    if _conn is None or _conn[0] != os.getpid() or _conn[1].closed:
-        _conn = (os.getpid(), psycopg.connect(os.environ["VBT_EXEC_DSN"], autocommit=True))
-    return _conn[1]
 
 
 # The hard time limit is also the entries' default overlap timeout (beat reads it).
@@ -40,7 +28,7 @@ def slow(self: Task, seconds: float = 3.0) -> None:
     """Sleep ``seconds``; then record the body's interval."""
     started = datetime.now(UTC)
     time.sleep(seconds)
-    _connection().execute(
+    exec_connection().execute(
         "INSERT INTO vbt_intervals (occurrence, task_id, worker_pid, started_at, finished_at)"
         " VALUES (%s, %s, %s, %s, %s)",
         (

@@ -31,7 +31,7 @@ if _config_file:
 _conn: tuple[int, psycopg.Connection[Any]] | None = None
 
 
-def _connection() -> psycopg.Connection[Any]:
+def exec_connection() -> psycopg.Connection[Any]:
     """One autocommit connection per (forked) pool process."""
     global _conn
     if _conn is None or _conn[0] != os.getpid() or _conn[1].closed:
@@ -43,7 +43,7 @@ def _connection() -> psycopg.Connection[Any]:
 def record(self: Task) -> None:
     """Write this execution, with the voltro headers as the worker sees them, to the table."""
     request = self.request
-    _connection().execute(
+    exec_connection().execute(
         "INSERT INTO vbt_executions"
         " (task_id, occurrence, periodic_task_name, worker_pid, executed_at)"
         " VALUES (%s, %s, %s, %s, %s)",
