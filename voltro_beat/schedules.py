@@ -563,7 +563,11 @@ def _croniter(spec: CronSpec) -> croniter:
 
 
 def _celery_spec(value: object, tz: str, entry: str) -> Spec:
-    if not any(cls.__module__.startswith("celery.") for cls in type(value).__mro__):
+    cls = type(value)
+    # The class itself first: the whole MRO only for subclasses defined elsewhere.
+    if not cls.__module__.startswith("celery.") and not any(
+        base.__module__.startswith("celery.") for base in cls.__mro__
+    ):
         raise ConfigurationError(
             f"unknown schedule type {type(value).__name__}", **_at(entry, "schedule")
         )
