@@ -42,6 +42,8 @@ MAX_BACKLOG = 1000
 DEFAULT_OVERLAP_TIMEOUT = timedelta(hours=1)
 #: Seconds between checks for queued runs whose predecessor finished.
 QUEUE_POLL = timedelta(seconds=1)
+#: Message templates are built only while the next occurrence is at least this far away.
+PREPARE_MARGIN = timedelta(milliseconds=200)
 #: How often a replica deletes claims and runs past their retention.
 RETENTION_EVERY = timedelta(hours=1)
 
@@ -89,6 +91,8 @@ class Scheduler(beat.Scheduler):
         self._broker_down = False
         #: Published, but the store failed before they were marked: retried first thing.
         self._unmarked: list[str] = []
+        #: Heap items whose message templates are not built yet, soonest first.
+        self._unprepared: list[tuple[datetime, int, _Due]] = []
         self._next_recovery = datetime.min.replace(tzinfo=UTC)
         self._next_retention = datetime.min.replace(tzinfo=UTC)
         # Celery builds a lazy instance for the banner: it must do no I/O.
@@ -208,7 +212,21 @@ class Scheduler(beat.Scheduler):
         if self._store_down_since is not None:
             logger.warning("voltro_beat: store %s is reachable again", self._store.display_url)
             self._store_down_since = None
+        if self._unprepared:
+            self._prepare_messages()
         return self._delay(_now())
+
+    def _prepare_messages(self) -> None:
+        """Build message templates, soonest schedules first, while nothing is due.
+
+        At 100,000 schedules building them all takes minutes: done at boot it would hold the
+        first occurrences back, so it runs in the idle time between ticks instead.
+        """
+        while self._unprepared:
+            if self._queue and (self._queue[0][0] - _now()) < PREPARE_MARGIN:
+                return
+            chunk, self._unprepared = self._unprepared[:100], self._unprepared[100:]
+            self._publisher.prepare([due.entry for _, _, due in chunk])
 
     def _boot(self, now: datetime) -> None:
         """Upgrade the schema, record catch-up per entry, and fill the heap."""
@@ -222,12 +240,12 @@ class Scheduler(beat.Scheduler):
             for fill in catchup.plan(entry, last.get(entry.name), now)
         ]
         self._record(backfill, now)
-        self._publisher.prepare(entries)
         for entry in entries:
             first = next_after(entry.spec, now)
             if first is not None:
                 self._push(_Due(entry, [first]))
         self._booted = True
+        self._unprepared = sorted(self._queue)
 
     def _fire_due(self, now: datetime) -> None:
         due: list[_Due] = []
@@ -337,7 +355,10 @@ class Scheduler(beat.Scheduler):
 
     def _record(self, occurrences: list[Occurrence], now: datetime) -> None:
         """Send ``occurrences`` through the gate in batches; publish the ones won."""
-        occurrences = self._apply_overlap(occurrences, now)
+        # Sorted by key, every replica forms the same batches and locks their keys in the same
+        # order (no deadlock between claim statements); each walks the batches in its own
+        # order, so a burst is shared rather than fought over.
+        occurrences = sorted(self._apply_overlap(occurrences, now), key=lambda o: o.key)
         batches = [occurrences[i : i + BATCH] for i in range(0, len(occurrences), BATCH)]
         random.Random(self._settings.replica).shuffle(batches)
         for batch in batches:
