@@ -8,22 +8,33 @@ Celery's own send path **once per schedule** against a recording producer, keeps
 ``Producer.publish`` call it would have made, and replays it for each occurrence with the ids
 patched in. Entries whose message depends on the publish time (``expires``, ``countdown``,
 ``eta``) and apps that listen to the publish signals go through Celery's full path every time.
+
+Even the replay costs kombu's per-message path (message preparation, routing, body encoding,
+delivery tag, retry wrappers: a few hundred microseconds). On kombu's Redis transport the
+publisher therefore also lets kombu build the final Redis payload once per schedule, catching it
+at the channel's ``_put``, and per occurrence only patches the ids into a copy, encodes it with
+kombu's own ``dumps`` and LPUSHes it on one pipeline. Whatever that capture cannot reproduce
+exactly (fanout, several bindings, queue expiry, non-Redis transports) keeps the replay.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from celery import Celery, signals
 from kombu import Connection, Producer
+from kombu.transport import redis as kombu_redis
 
 from voltro_beat.exceptions import VoltroBeatError
 
 if TYPE_CHECKING:
     from voltro_beat.schedules import Entry
+
+logger = logging.getLogger(__name__)
 
 #: Fixed forever: task ids are uuid5(NAMESPACE, occurrence key) on every replica (invariant 7).
 NAMESPACE = uuid.UUID("5d3b9c1e-8f0a-5b6e-9a57-766f6c74726f")
@@ -58,6 +69,60 @@ class _Recorder(Producer):
         self.call = (body, kwargs)
 
 
+class _RedisPush(NamedTuple):
+    """One schedule's final Redis message as kombu's ``_put`` received it, and its list key."""
+
+    list_key: str
+    message: dict[str, Any]
+
+    @classmethod
+    def capture(cls, producer: Producer, publish: Any) -> _RedisPush | None:
+        """Run ``publish()`` with the channel's ``_put`` intercepted; None if not reproducible.
+
+        Only the plain Redis channel (not Sentinel, not a subclass) and only when kombu itself
+        would batch (no redis-py retries that could replay a pipeline) qualify.
+        """
+        channel = producer.channel
+        if type(channel) is not kombu_redis.Channel or not producer.supports_batch_publish:
+            return None
+        captured: list[tuple[str, dict[str, Any]]] = []
+
+        def put(queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+            captured.append((queue, message))
+
+        channel._put = put  # type: ignore[method-assign]  # this instance only, undone below
+        try:
+            publish()
+        finally:
+            del channel._put
+        if len(captured) != 1:
+            return None  # fanout (no _put at all) or several bound queues
+        queue, message = captured[0]
+        if channel._expires and queue in channel._expires:
+            return None  # kombu also refreshes the queue's expiry on every put
+        priority = channel._get_message_priority(message, reverse=False)
+        return cls(channel._q_for_pri(queue, priority), message)
+
+    def payload(self, key: str, task_id: str) -> str:
+        """The exact string kombu would LPUSH for this occurrence."""
+        message = self.message
+        headers = dict(message["headers"], id=task_id, root_id=task_id, voltro_occurrence=key)
+        properties = dict(message["properties"], correlation_id=task_id)
+        # The delivery tag is the consumer's ack/restore key (the ``unacked`` hash): unique per
+        # message, a uuid4 string as kombu's own ``_next_delivery_tag`` makes it.
+        properties["delivery_tag"] = str(uuid.uuid4())
+        # kombu.transport.redis's own ``dumps`` (kombu.utils.json), so custom types encode alike.
+        return str(kombu_redis.dumps(dict(message, headers=headers, properties=properties)))
+
+
+class _Template(NamedTuple):
+    """A schedule's recorded ``Producer.publish`` call, and its Redis payload if captured."""
+
+    body: Any
+    kwargs: dict[str, Any]
+    push: _RedisPush | None
+
+
 class Publisher:
     """Publishes occurrences through one reused broker connection and producer."""
 
@@ -66,33 +131,49 @@ class Publisher:
         self._connection: Connection | None = None
         self._producer: Producer | None = None
         #: Per schedule: the recorded publish call, or None for Celery's full path.
-        self._templates: dict[str, tuple[Any, dict[str, Any]] | None] = {}
+        self._templates: dict[str, _Template | None] = {}
         self._declared: set[str] = set()
 
     def publish(self, messages: Sequence[tuple[Entry, str, str]]) -> None:
-        """Send each ``(entry, occurrence key, task id)``, in order.
+        """Send each ``(entry, occurrence key, task id)``.
 
-        Where the transport supports it (Redis) the messages go out as one pipelined batch
-        (kombu's ``Producer.batch``), so a 10,000-schedule minute costs a few round trips
-        rather than 10,000. Raises :class:`PublishError` if the broker failed; its
-        ``confirmed`` counts the leading messages known to have been taken.
+        Where the transport supports it (Redis) the messages go out pipelined: the captured
+        payloads on one redis-py pipeline, the rest through kombu's ``Producer.batch``, so a
+        10,000-schedule minute costs a few round trips rather than 10,000. Raises
+        :class:`PublishError` if the broker failed; its ``confirmed`` counts the leading
+        messages known to have been taken (none, once anything was pipelined).
         """
         sent = 0
         batched = False
+        pushes: list[tuple[str, str]] = []
         try:
             producer = self._get_producer()
             batched = producer.supports_batch_publish
+            templates = [self._template(producer, entry) for entry, _, _ in messages]
             with producer.batch(max_size=max(1, len(messages))):
-                for entry, key, task_id in messages:
-                    template = self._template(producer, entry)
+                for (entry, key, task_id), template in zip(messages, templates, strict=True):
                     if template is None:
                         self._send(producer, entry, key, task_id)
+                    elif template.push is not None:
+                        self._declare(producer, template.kwargs.get("declare"))
+                        pushes.append((template.push.list_key, template.push.payload(key, task_id)))
                     else:
                         self._replay(producer, template, key, task_id, retry=not batched)
                     sent += 1
+            if pushes:
+                self._lpush(producer, pushes)
         except Exception as exc:
             self.reset()
-            raise PublishError(str(exc), confirmed=0 if batched else sent) from exc
+            raise PublishError(str(exc), confirmed=0 if batched or pushes else sent) from exc
+
+    @staticmethod
+    def _lpush(producer: Producer, pushes: Sequence[tuple[str, str]]) -> None:
+        # The client as kombu's own PublishBatch takes it, so a global_keyprefix still applies.
+        channel = producer.channel
+        with channel.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
+            for list_key, payload in pushes:
+                pipe.lpush(list_key, payload)
+            pipe.execute()
 
     def _send(self, producer: Producer, entry: Entry, key: str, task_id: str) -> None:
         """Celery's own path: ``apply_async`` for registered tasks, ``send_task`` otherwise."""
@@ -125,7 +206,7 @@ class Publisher:
         except Exception:
             self.reset()
 
-    def _template(self, producer: Producer, entry: Entry) -> tuple[Any, dict[str, Any]] | None:
+    def _template(self, producer: Producer, entry: Entry) -> _Template | None:
         try:
             return self._templates[entry.name]
         except KeyError:
@@ -134,7 +215,18 @@ class Publisher:
         if self._replayable(entry):
             recorder = _Recorder(producer.channel, auto_declare=False)
             self._send(recorder, entry, "", "")
-            template = recorder.call
+            if recorder.call is not None:
+                recorded = _Template(*recorder.call, push=None)
+                try:
+                    push = _RedisPush.capture(
+                        producer, lambda: self._replay(producer, recorded, "", "", retry=False)
+                    )
+                except producer.connection.connection_errors:
+                    raise  # the broker is down: try again at the next publish
+                except Exception:
+                    logger.debug("voltro_beat: %s keeps kombu's publish path", entry.name)
+                    push = None
+                template = recorded._replace(push=push)
         self._templates[entry.name] = template
         return template
 
@@ -151,25 +243,27 @@ class Publisher:
     def _replay(
         self,
         producer: Producer,
-        template: tuple[Any, dict[str, Any]],
+        template: _Template,
         key: str,
         task_id: str,
         *,
         retry: bool,
     ) -> None:
-        body, recorded = template
         # In a batch nothing reaches the broker before the flush, so a per-message retry
         # wrapper would only cost time; errors surface at the flush.
-        kwargs = dict(recorded, retry=retry)
-        headers = kwargs["headers"] = dict(recorded["headers"])
+        kwargs = dict(template.kwargs, retry=retry)
+        headers = kwargs["headers"] = dict(template.kwargs["headers"])
         headers["id"] = headers["root_id"] = kwargs["correlation_id"] = task_id
         headers["voltro_occurrence"] = key
-        # Declare each queue once per connection, not once per message.
-        declare = [q for q in kwargs.pop("declare", None) or () if q.name not in self._declared]
-        for queue in declare:
-            producer.maybe_declare(queue)
-            self._declared.add(queue.name)
-        producer.publish(body, **kwargs)
+        self._declare(producer, kwargs.pop("declare", None))
+        producer.publish(template.body, **kwargs)
+
+    def _declare(self, producer: Producer, entities: Sequence[Any] | None) -> None:
+        """Declare each queue once per connection, not once per message."""
+        for entity in entities or ():
+            if entity.name not in self._declared:
+                producer.maybe_declare(entity)
+                self._declared.add(entity.name)
 
     def _get_producer(self) -> Producer:
         if self._producer is None:
