@@ -77,7 +77,7 @@ class _RedisPush(NamedTuple):
 
     @classmethod
     def capture(cls, producer: Producer, publish: Any) -> _RedisPush | None:
-        """Run ``publish()`` with the channel's ``_put`` intercepted; None if not reproducible.
+        """Run ``publish()`` with the channel's ``_put`` caught; None if not reproducible.
 
         Only the plain Redis channel (not Sentinel, not a subclass) and only when kombu itself
         would batch (no redis-py retries that could replay a pipeline) qualify.
@@ -85,19 +85,25 @@ class _RedisPush(NamedTuple):
         channel = producer.channel
         if type(channel) is not kombu_redis.Channel or not producer.supports_batch_publish:
             return None
-        captured: list[tuple[str, dict[str, Any]]] = []
+        # Both of the channel's write paths are caught, so the capture itself sends nothing.
+        puts: list[tuple[str, dict[str, Any]]] = []
+        fanouts: list[Any] = []
 
         def put(queue: str, message: dict[str, Any], **kwargs: Any) -> None:
-            captured.append((queue, message))
+            puts.append((queue, message))
 
-        channel._put = put  # type: ignore[method-assign]  # this instance only, undone below
+        def put_fanout(*args: Any, **kwargs: Any) -> None:
+            fanouts.append(args)
+
+        channel._put, channel._put_fanout = put, put_fanout  # type: ignore[method-assign]
         try:
             publish()
         finally:
-            del channel._put
-        if len(captured) != 1:
-            return None  # fanout (no _put at all) or several bound queues
-        queue, message = captured[0]
+            # Instance attributes over the class's methods: deleting them restores kombu's.
+            del channel._put, channel._put_fanout
+        if fanouts or len(puts) != 1:
+            return None  # fanout, several bound queues, or unroutable
+        queue, message = puts[0]
         if channel._expires and queue in channel._expires:
             return None  # kombu also refreshes the queue's expiry on every put
         priority = channel._get_message_priority(message, reverse=False)

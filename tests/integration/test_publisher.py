@@ -1,19 +1,43 @@
-"""The publisher's replayed templates produce exactly the message Celery itself would send."""
+"""The publisher's replayed templates produce exactly the message Celery itself would send.
+
+On the in-memory broker the replayed kombu call is compared with Celery's own message; on a real
+Redis (database 8) the payload the fast path LPUSHes is compared with the one kombu's own path
+pushes, and a real prefork worker consumes fast-path messages.
+"""
 
 from __future__ import annotations
 
+import json
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+import redis
 from celery import Celery
+from kombu import Queue
+from kombu.common import Broadcast
 
 from voltro_beat.publisher import Publisher, task_id_for
 from voltro_beat.schedules import Entry, parse_entries
 
+if TYPE_CHECKING:
+    from conftest import Worker
+
+#: This run's suffix: queue and key names never meet an earlier (aborted) run's messages.
+RUN = uuid.uuid4().hex[:8]
+
 
 def registered(x: int) -> int:
     return x
+
+
+def anything(*args: Any, **kwargs: Any) -> None:
+    return None
 
 
 def make_app() -> Celery:
@@ -84,6 +108,8 @@ def test_replayed_message_equals_celerys_own(raw: dict[str, Any], queue: str) ->
     publisher = Publisher(app)
     publisher.prepare([e])
     publisher.publish([(e, key, tid), (e, "e@2026-01-01T10:01:00", task_id_for("x"))])
+    assert publisher._templates["e"] is not None
+    assert publisher._templates["e"].push is None  # not Redis: kombu's path
     first, second = received(app, queue)
     assert comparable(first) == comparable(expected)
     assert second.headers["id"] == second.headers["root_id"] == task_id_for("x")
@@ -103,3 +129,240 @@ def test_time_relative_options_take_celerys_path_each_time() -> None:
     assert first.headers["id"] == task_id_for("e@1")
     assert second.headers["voltro_occurrence"] == "e@2"
     publisher.reset()
+
+
+# -- the Redis fast path ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def broker(redis_url: str) -> Iterator[str]:
+    """Redis database 8; this run's keys are deleted afterwards."""
+    url = f"{redis_url}/8"
+    yield url
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(match=f"*{RUN}*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def redis_app(url: str, **conf: Any) -> Celery:
+    app = Celery("pub", broker=url, set_as_current=False)
+    app.conf.task_default_queue = f"default_{RUN}"
+    app.conf.task_routes = {"pub.routed": {"queue": f"routed_{RUN}"}}
+    app.conf.update(conf)
+    app.task(registered, name="pub.registered", time_limit=30, soft_time_limit=20)
+    return app
+
+
+def pop_lists(url: str) -> dict[bytes, list[Any]]:
+    """Every list of this run (priority lists included): key -> JSON documents, oldest first."""
+    client = redis.Redis.from_url(url)
+    lists = {}
+    for key in client.scan_iter(match=f"*{RUN}*"):
+        if client.type(key) == b"list":
+            raw = client.lrange(key, 0, -1)[::-1]
+            client.delete(key)
+            lists[key] = [json.loads(item) for item in raw]
+    client.close()
+    return lists
+
+
+def send_as_celery(app: Celery, e: Entry, key: str) -> None:
+    """Celery's own send path with the ids and headers the publisher gives this occurrence."""
+    options = dict(e.options)
+    headers = {**options.pop("headers", {}), "voltro_occurrence": key, "periodic_task_name": "e"}
+    task = app.tasks.get(e.task)
+    tid = task_id_for(key)
+    if task is not None:
+        task.apply_async(e.args, dict(e.kwargs), task_id=tid, headers=headers, **options)
+    else:
+        app.send_task(e.task, e.args, dict(e.kwargs), task_id=tid, headers=headers, **options)
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(
+    ("raw", "conf"),
+    [
+        ({"task": "pub.registered", "args": [1]}, {}),
+        ({"task": "pub.unregistered", "kwargs": {"a": 'é"x'}}, {}),
+        ({"task": "pub.routed", "args": [2]}, {}),
+        (
+            {
+                "task": "pub.registered",
+                "args": [3],
+                "options": {"queue": f"opts_{RUN}", "priority": 7, "headers": {"mine": "x"}},
+            },
+            {},
+        ),
+        (
+            {"task": "pub.unregistered", "args": [4]},
+            {"broker_transport_options": {"global_keyprefix": f"pfx_{RUN}:"}},
+        ),
+    ],
+)
+def test_fast_path_pushes_kombus_own_payload(
+    broker: str, raw: dict[str, Any], conf: dict[str, Any]
+) -> None:
+    app = redis_app(broker, **conf)
+    e = entry("e", **raw)
+    key = "e@2026-01-01T10:00:00"
+    send_as_celery(app, e, key)
+    expected = pop_lists(broker)
+    (documents,) = expected.values()
+    assert len(documents) == 1
+
+    publisher = Publisher(app)
+    publisher.prepare([e])
+    template = publisher._templates["e"]
+    assert template is not None and template.push is not None
+    other = "e@2026-01-01T10:01:00"
+    publisher.publish([(e, key, task_id_for(key)), (e, other, task_id_for(other))])
+    publisher.reset()
+    pushed = pop_lists(broker)
+    assert pushed.keys() == expected.keys()  # the same list: priority step and key prefix
+    (first, second) = next(iter(pushed.values()))
+    tags = {first["properties"].pop("delivery_tag"), second["properties"].pop("delivery_tag")}
+    assert len(tags) == 2 and all(uuid.UUID(tag).version == 4 for tag in tags)
+    documents[0]["properties"].pop("delivery_tag")
+    assert first == documents[0]
+    assert second["headers"]["id"] == second["headers"]["root_id"] == task_id_for(other)
+    assert second["properties"]["correlation_id"] == task_id_for(other)
+    assert second["headers"]["voltro_occurrence"] == other
+
+
+@pytest.mark.redis
+def test_expiring_queue_keeps_kombus_path(broker: str) -> None:
+    queue = f"exp_{RUN}"
+    app = redis_app(broker, task_queues=[Queue(queue, expires=60)])
+    e = entry("e", task="pub.registered", args=[1], options={"queue": queue})
+    publisher = Publisher(app)
+    publisher.publish([(e, "e@1", task_id_for("e@1"))])
+    publisher.reset()
+    template = publisher._templates["e"]
+    assert template is not None and template.push is None
+    client = redis.Redis.from_url(broker)
+    assert 0 < client.pttl(queue) <= 60_000  # kombu's _put refreshed the queue's expiry
+    client.close()
+    ((document,),) = pop_lists(broker).values()
+    assert document["headers"]["voltro_occurrence"] == "e@1"
+
+
+@pytest.mark.redis
+def test_fanout_queue_keeps_kombus_path(broker: str) -> None:
+    queue = f"bcast_{RUN}"
+    app = redis_app(broker, task_queues=[Broadcast(queue)])
+    e = entry("e", task="pub.registered", args=[1], options={"queue": queue})
+    listener = redis.Redis.from_url(broker).pubsub(ignore_subscribe_messages=True)
+    listener.psubscribe(f"*{queue}*")
+    try:
+        publisher = Publisher(app)
+        # As a worker consuming it would: the exchange becomes fanout on the publisher's channel.
+        publisher._get_producer().maybe_declare(Broadcast(queue))
+        publisher.publish([(e, "e@1", task_id_for("e@1"))])
+        publisher.reset()
+        template = publisher._templates["e"]
+        assert template is not None and template.push is None
+        deadline = time.monotonic() + 5
+        message = None
+        while message is None and time.monotonic() < deadline:
+            message = listener.get_message(timeout=0.1)
+        assert message is not None, "the fanout message never reached a subscriber"
+        assert json.loads(message["data"])["headers"]["voltro_occurrence"] == "e@1"
+    finally:
+        listener.close()
+
+
+WORKER_APP = """
+import json
+import os
+
+import redis
+from celery import Celery
+
+app = Celery("pub_e2e", broker=os.environ["PUB_E2E_BROKER"])
+app.conf.task_default_queue = os.environ["PUB_E2E_QUEUE"]
+sink = redis.Redis.from_url(os.environ["PUB_E2E_BROKER"])
+
+
+def record(self, *args, **kwargs):
+    sink.rpush(os.environ["PUB_E2E_SINK"], json.dumps({
+        "name": self.name,
+        "id": self.request.id,
+        "args": list(args),
+        "kwargs": kwargs,
+        "occurrence": getattr(self.request, "voltro_occurrence", None),
+        "periodic": getattr(self.request, "periodic_task_name", None),
+    }))
+
+
+app.task(record, bind=True, name="pub_e2e.registered")
+app.task(record, bind=True, name="pub_e2e.unregistered")
+"""
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := probe()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(120)
+def test_worker_consumes_fast_path_messages(
+    broker: str, tmp_path: Path, celery_worker: Callable[..., Worker]
+) -> None:
+    queue, sink = f"e2e_{RUN}", f"e2e_sink_{RUN}"
+    (tmp_path / "pub_e2e_app.py").write_text(textwrap.dedent(WORKER_APP))
+    env = {"PUB_E2E_BROKER": broker, "PUB_E2E_QUEUE": queue, "PUB_E2E_SINK": sink}
+    worker = celery_worker("pub_e2e_app", app_dir=tmp_path, name=f"pub-{RUN}", env=env)
+
+    app = Celery("pub", broker=broker, set_as_current=False)
+    app.conf.task_default_queue = queue
+    # One task known to the publishing app (apply_async), one only by name (send_task).
+    app.task(anything, name="pub_e2e.registered")
+    entries = [
+        entry("a", task="pub_e2e.registered", args=[1, "x"]),
+        entry("b", task="pub_e2e.unregistered", kwargs={"k": [1, {"n": None}]}),
+        entry("c", task="pub_e2e.unregistered", args=[3], kwargs={"z": "é"}),
+    ]
+    messages = [
+        (e, f"{e.name}@{i}", task_id_for(f"{e.name}@{i}")) for i in range(20) for e in entries
+    ]
+    publisher = Publisher(app)
+    publisher.prepare(entries)
+    for e in entries:
+        template = publisher._templates[e.name]
+        assert template is not None and template.push is not None
+    publisher.publish(messages)
+    publisher.reset()
+
+    client = redis.Redis.from_url(broker)
+    try:
+        records = wait_for(
+            "every message to run",
+            lambda: len(got := client.lrange(sink, 0, -1)) >= len(messages) and got,
+            timeout=60,
+        )
+        time.sleep(0.5)  # a duplicate delivery would show up by now
+        runs = [json.loads(r) for r in client.lrange(sink, 0, -1)]
+        assert len(runs) == len(records) == len(messages)
+        by_id = {r["id"]: r for r in runs}
+        assert len(by_id) == len(messages)  # each task id ran exactly once
+        for e, key, task_id in messages:
+            run = by_id[task_id]
+            assert run["name"] == e.task
+            assert run["args"] == list(e.args)
+            assert run["kwargs"] == dict(e.kwargs)
+            assert run["occurrence"] == key
+            assert run["periodic"] == e.name
+        assert client.llen(queue) == 0
+        # Acked: nothing left for kombu's visibility-timeout restore.
+        wait_for("the acks", lambda: client.hlen("unacked") == 0, timeout=10)
+        assert client.zcard("unacked_index") == 0
+    finally:
+        client.close()
+    assert "ERROR" not in worker.output()
