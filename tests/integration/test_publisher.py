@@ -8,6 +8,7 @@ pushes, and a real prefork worker consumes fast-path messages.
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 import time
 import uuid
@@ -22,7 +23,7 @@ from celery import Celery
 from kombu import Queue
 from kombu.common import Broadcast
 
-from voltro_beat.publisher import Publisher, task_id_for
+from voltro_beat.publisher import Publisher, task_id_for, uuid4_str
 from voltro_beat.schedules import Entry, parse_entries
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ def pop_lists(url: str) -> dict[bytes, list[Any]]:
 def send_as_celery(app: Celery, e: Entry, key: str) -> None:
     """Celery's own send path with the ids and headers the publisher gives this occurrence."""
     options = dict(e.options)
-    headers = {**options.pop("headers", {}), "voltro_occurrence": key, "periodic_task_name": "e"}
+    headers = {**options.pop("headers", {}), "voltro_occurrence": key, "periodic_task_name": e.name}
     task = app.tasks.get(e.task)
     tid = task_id_for(key)
     if task is not None:
@@ -182,11 +183,11 @@ def send_as_celery(app: Celery, e: Entry, key: str) -> None:
 
 @pytest.mark.redis
 @pytest.mark.parametrize(
-    ("raw", "conf"),
+    ("raw", "conf", "name"),
     [
-        ({"task": "pub.registered", "args": [1]}, {}),
-        ({"task": "pub.unregistered", "kwargs": {"a": 'é"x'}}, {}),
-        ({"task": "pub.routed", "args": [2]}, {}),
+        ({"task": "pub.registered", "args": [1]}, {}, "e"),
+        ({"task": "pub.unregistered", "kwargs": {"a": 'é"x'}}, {}, 'sché"dule'),
+        ({"task": "pub.routed", "args": [2]}, {}, "e"),
         (
             {
                 "task": "pub.registered",
@@ -194,19 +195,21 @@ def send_as_celery(app: Celery, e: Entry, key: str) -> None:
                 "options": {"queue": f"opts_{RUN}", "priority": 7, "headers": {"mine": "x"}},
             },
             {},
+            "e",
         ),
         (
             {"task": "pub.unregistered", "args": [4]},
             {"broker_transport_options": {"global_keyprefix": f"pfx_{RUN}:"}},
+            "e",
         ),
     ],
 )
 def test_fast_path_pushes_kombus_own_payload(
-    broker: str, raw: dict[str, Any], conf: dict[str, Any]
+    broker: str, raw: dict[str, Any], conf: dict[str, Any], name: str
 ) -> None:
     app = redis_app(broker, **conf)
-    e = entry("e", **raw)
-    key = "e@2026-01-01T10:00:00"
+    e = entry(name, **raw)
+    key = f"{name}@2026-01-01T10:00:00"
     send_as_celery(app, e, key)
     expected = pop_lists(broker)
     (documents,) = expected.values()
@@ -214,9 +217,9 @@ def test_fast_path_pushes_kombus_own_payload(
 
     publisher = Publisher(app)
     publisher.prepare([e])
-    template = publisher._templates["e"]
+    template = publisher._templates[name]
     assert template is not None and template.push is not None
-    other = "e@2026-01-01T10:01:00"
+    other = f"{name}@2026-01-01T10:01:00"
     publisher.publish([(e, key, task_id_for(key)), (e, other, task_id_for(other))])
     publisher.reset()
     pushed = pop_lists(broker)
@@ -229,6 +232,12 @@ def test_fast_path_pushes_kombus_own_payload(
     assert second["headers"]["id"] == second["headers"]["root_id"] == task_id_for(other)
     assert second["properties"]["correlation_id"] == task_id_for(other)
     assert second["headers"]["voltro_occurrence"] == other
+
+
+def test_uuid4_str_is_uuids_own_rendering() -> None:
+    samples = [bytes(16), b"\xff" * 16, *(os.urandom(16) for _ in range(2000))]
+    for raw in samples:
+        assert uuid4_str(raw) == str(uuid.UUID(bytes=raw, version=4))
 
 
 @pytest.mark.redis
