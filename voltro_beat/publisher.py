@@ -11,10 +11,11 @@ patched in. Entries whose message depends on the publish time (``expires``, ``co
 
 Even the replay costs kombu's per-message path (message preparation, routing, body encoding,
 delivery tag, retry wrappers: a few hundred microseconds). On kombu's Redis transport the
-publisher therefore also lets kombu build the final Redis payload once per schedule, catching it
-at the channel's ``_put``, and per occurrence only patches the ids into a copy, encodes it with
-kombu's own ``dumps`` and LPUSHes it on one pipeline. Whatever that capture cannot reproduce
-exactly (fanout, several bindings, queue expiry, non-Redis transports) keeps the replay.
+publisher therefore also lets kombu build the final Redis payload once per schedule (caught at
+the channel's ``_put``, rendered by kombu's own ``dumps``); per occurrence it only splices the
+task id, the key and a fresh delivery tag into that text, and LPUSHes everything on one
+pipeline. Whatever that capture cannot reproduce exactly (fanout, several bound queues, queue
+expiry, redis-py retries, other transports) keeps the replay.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ logger = logging.getLogger(__name__)
 
 #: How kombu's JSON encoder (ensure_ascii, the C accelerator when present) writes a string.
 _encode = json.encoder.encode_basestring_ascii
+
+#: Placeholders for the task id, the occurrence key and the delivery tag: random per process,
+#: so no message contains them (and the split checks that each one appears where expected).
+_MARKS = tuple(f"voltro-{slot}-{uuid.uuid4().hex}" for slot in range(3))
+_SPLIT = re.compile("(" + "|".join(re.escape(_encode(mark)) for mark in _MARKS) + ")")
 
 #: The variant digit of a UUID (RFC 4122: the top two bits of byte 8 are ``10``).
 _VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
@@ -138,26 +144,22 @@ class _RedisPush(NamedTuple):
     @classmethod
     def split(cls, list_key: str, message: dict[str, Any]) -> _RedisPush | None:
         """Split kombu's JSON of ``message`` around its variable values (None if ambiguous)."""
-        # Placeholders nothing else in a message can contain; JSON-encoded, they are quoted.
-        task_id, key, tag = (f"voltro-{slot}-{uuid.uuid4().hex}" for slot in range(3))
-        marks = [_encode(task_id), _encode(key), _encode(tag)]
+        task_id, key, tag = _MARKS
         marked = dict(
             message,
             headers=dict(message["headers"], id=task_id, root_id=task_id, voltro_occurrence=key),
             properties=dict(message["properties"], correlation_id=task_id, delivery_tag=tag),
         )
         # kombu.transport.redis's own ``dumps`` (kombu.utils.json), so custom types encode alike.
-        pieces = re.split("(" + "|".join(map(re.escape, marks)) + ")", kombu_redis.dumps(marked))
-        slots = tuple(marks.index(mark) for mark in pieces[1::2])
+        pieces = _SPLIT.split(kombu_redis.dumps(marked))
+        slots = tuple(_MARKS.index(json.loads(mark)) for mark in pieces[1::2])
         if sorted(slots) != [0, 0, 0, 1, 2]:
             return None
         push = cls(list_key, tuple(pieces[0::2]), slots)
         # Exactness check: spliced with the captured values, it is kombu's own payload.
         headers, properties = message["headers"], message["properties"]
         own = push.render(headers["id"], headers["voltro_occurrence"], properties["delivery_tag"])
-        if headers["id"] != properties["correlation_id"] or own != kombu_redis.dumps(message):
-            return None
-        return push
+        return push if own == kombu_redis.dumps(message) else None
 
     def payload(self, key: str, task_id: str) -> str:
         """The exact string kombu would LPUSH for this occurrence."""
