@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 #: Rows per statement on SQLite, which caps bound parameters per statement.
 SQLITE_CHUNK = 2000
+#: How long a SQLite writer waits for another replica's transaction before giving up.
+SQLITE_BUSY_MS = 30_000
 #: Rows deleted per retention transaction.
 SWEEP_BATCH = 10_000
 #: Random 64-bit key of the PostgreSQL advisory lock that serialises schema upgrades.
@@ -733,9 +737,21 @@ def _configure_sqlite(engine: Engine) -> None:
         # Let SQLAlchemy's begin event emit BEGIN itself (pysqlite's own handling defers it).
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
+        # Turning a new file to WAL takes an exclusive lock and SQLite answers "database is
+        # locked" at once, without its busy handler, when replicas open the file together:
+        # retry for as long as the busy timeout would have waited. (WAL is persistent, so
+        # this only ever contends on a brand-new file.)
+        deadline = time.monotonic() + SQLITE_BUSY_MS / 1000
+        while True:
+            try:
+                cursor.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
         cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
         cursor.close()
 
     @event.listens_for(engine, "begin")
