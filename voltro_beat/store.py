@@ -146,7 +146,8 @@ class Store(Protocol):
         ...
 
     def release_stale(self, *, before: datetime, now: datetime, limit: int) -> list[PendingRun]:
-        """Take over ``claimed`` rows untouched since ``before`` (crashed or failed publishes)."""
+        """Take over ``claimed`` rows untouched since ``before`` and scheduled before it
+        (crashed or failed publishes)."""
         ...
 
     def last_scheduled(self, schedules: Sequence[str]) -> dict[str, datetime]: ...
@@ -429,7 +430,12 @@ class SqlStore:
         # one gets each row back (SKIP LOCKED on PostgreSQL; SQLite serialises writers).
         stale = (
             sa.select(runs.c.id)
-            .where(runs.c.status == "claimed", runs.c.claimed_at < before)
+            # A run claimed ahead of its instant is not stale before its instant either.
+            .where(
+                runs.c.status == "claimed",
+                runs.c.claimed_at < before,
+                runs.c.scheduled_at < before,
+            )
             .order_by(runs.c.claimed_at)
             .limit(limit)
         )
@@ -921,7 +927,9 @@ class MemoryStore:
             stale = [
                 r
                 for r in self.runs.values()
-                if r["status"] == "claimed" and r["claimed_at"] < before
+                if r["status"] == "claimed"
+                and r["claimed_at"] < before
+                and r["scheduled_at"] < before
             ][:limit]
             for row in stale:
                 row["claimed_at"] = now

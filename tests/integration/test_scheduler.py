@@ -371,3 +371,48 @@ def test_catch_up_respects_the_overlap_policy(replicas: Any, store_url: str) -> 
     statuses = {k: (r.status, r.reason) for k, r in rows(store_url).items()}
     assert statuses["s@2026-01-01T10:00:15"] == ("missed", "catch_up")
     assert statuses["s@2026-01-01T10:00:20"] == ("skipped", "overlap")
+
+
+def test_occurrences_are_claimed_ahead_and_published_at_their_instant(
+    replicas: Any, store_url: str
+) -> None:
+    r1, r2 = replicas("r1"), replicas("r2")
+    for r in (r1, r2):
+        r._tick(sec(0))
+    lead = r1._lead.total_seconds()
+    assert 0 < lead < 1
+    r1._tick(sec(1 - lead / 2))  # within the lead: claimed, not yet published
+    r2._tick(sec(1 - lead / 2))  # lost the claim: nothing to publish later
+    assert drain(r1.app) == []
+    (run,) = rows(store_url).values()
+    assert (run.id, run.status, run.replica) == ("s@2026-01-01T10:00:01", "claimed", "r1")
+    r2._tick(sec(1))
+    assert drain(r1.app) == []
+    r1._tick(sec(1))
+    (headers,) = drain(r1.app)
+    assert headers["voltro_occurrence"] == "s@2026-01-01T10:00:01"
+    assert rows(store_url)["s@2026-01-01T10:00:01"].status == "published"
+
+
+def test_a_run_claimed_ahead_is_not_recovered_before_its_instant(replicas: Any) -> None:
+    r1 = replicas("r1")
+    r1._tick(sec(0))
+    r1._tick(sec(0.9))  # claims 10:00:01 ahead, then stops ticking (killed)
+    timeout = r1._settings.publish_timeout
+    store = r1._store
+    assert store.release_stale(before=sec(0.95), now=sec(0.95) + timeout, limit=10) == []
+    (run,) = store.release_stale(before=sec(1.05), now=sec(1.05) + timeout, limit=10)
+    assert run.key == "s@2026-01-01T10:00:01"
+
+
+def test_close_publishes_the_occurrences_it_claimed_ahead(replicas: Any, store_url: str) -> None:
+    r1 = replicas("r1")
+    deadline = datetime.now(UTC) + timedelta(seconds=5)
+    while not r1._ready and datetime.now(UTC) < deadline:
+        r1._tick(datetime.now(UTC))
+    (at, key, _), *_ = r1._ready
+    assert at > datetime.now(UTC)  # claimed, its instant still to come
+    r1.close()
+    assert datetime.now(UTC) >= at
+    assert [h["voltro_occurrence"] for h in drain(r1.app)] == [key]
+    assert rows(store_url)[key].status == "published"
