@@ -98,8 +98,9 @@ class Scheduler(beat.Scheduler):
         self._booted = False
         #: Schedules by the time their next occurrences are to be claimed.
         self._queue: list[tuple[datetime, int, _Due]] = []
-        #: Occurrences this replica won, by instant: published when it comes.
-        self._ready: list[tuple[datetime, str, Occurrence]] = []
+        #: Occurrences this replica won, by instant: published when it comes, unless their
+        #: lease (the last item) ran out while this process was paused.
+        self._ready: list[tuple[datetime, str, Occurrence, datetime]] = []
         self._lead = LEAD_MIN
         self._seq = itertools.count()
         self._store_down_since: datetime | None = None
@@ -267,10 +268,25 @@ class Scheduler(beat.Scheduler):
         self._unprepared = sorted(self._queue)
 
     def _publish_ready(self, now: datetime) -> None:
-        """Publish the occurrences won ahead whose instant has come."""
+        """Publish the occurrences won ahead whose instant has come.
+
+        One whose lease ran out (this process was paused past half the publish timeout)
+        belongs to the recovery sweeps now, which may already have republished it: it is
+        left to them rather than sent a second time.
+        """
         ready: list[Occurrence] = []
+        expired = 0
         while self._ready and self._ready[0][0] <= now:
-            ready.append(heapq.heappop(self._ready)[2])
+            _, _, occurrence, lease = heapq.heappop(self._ready)
+            if now < lease:
+                ready.append(occurrence)
+            else:
+                expired += 1
+        if expired:
+            logger.warning(
+                "voltro_beat: %d claimed runs held past their lease (paused?) left to recovery",
+                expired,
+            )
         self._publish_and_mark(ready)
 
     def _fire_due(self, now: datetime) -> None:
@@ -391,11 +407,15 @@ class Scheduler(beat.Scheduler):
             lost = len(batch) - len(won)
             if lost:
                 logger.debug("voltro_beat: %d occurrences claimed by other replicas", lost)
+            # Recovery sweeps take a claimed row over once both its instant and its claim
+            # are publish_timeout old: this replica's own lease ends well before that.
+            lease = self._settings.publish_timeout / 2
             for o in batch:
                 if o.key not in won:
                     continue
                 if o.status == "claimed":
-                    heapq.heappush(self._ready, (o.scheduled_at, o.key, o))
+                    expires = max(o.scheduled_at, now) + lease
+                    heapq.heappush(self._ready, (o.scheduled_at, o.key, o, expires))
                 else:
                     logger.info("voltro_beat: %s recorded %s (%s)", o.key, o.status, o.reason)
 

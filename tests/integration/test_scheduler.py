@@ -405,12 +405,27 @@ def test_a_run_claimed_ahead_is_not_recovered_before_its_instant(replicas: Any) 
     assert run.key == "s@2026-01-01T10:00:01"
 
 
+def test_a_paused_replica_leaves_its_expired_claims_to_recovery(
+    replicas: Any, store_url: str
+) -> None:
+    r1 = replicas("r1")
+    r1._tick(sec(0))
+    r1._tick(sec(0.9))  # claims 10:00:01 ahead, then is paused for six seconds
+    r1._tick(sec(7))  # past its lease: 10:00:01 may have been taken over meanwhile
+    r1._tick(sec(7))  # the backlog: 3..7 s
+    published = [h["voltro_occurrence"] for h in drain(r1.app)]
+    assert published == [f"s@2026-01-01T10:00:0{n}" for n in range(2, 8)]
+    assert rows(store_url)["s@2026-01-01T10:00:01"].status == "claimed"
+    (run,) = r1._store.release_stale(before=sec(1.5), now=sec(11.5), limit=10)
+    assert run.key == "s@2026-01-01T10:00:01"
+
+
 def test_close_publishes_the_occurrences_it_claimed_ahead(replicas: Any, store_url: str) -> None:
     r1 = replicas("r1")
     deadline = datetime.now(UTC) + timedelta(seconds=5)
     while not r1._ready and datetime.now(UTC) < deadline:
         r1._tick(datetime.now(UTC))
-    (at, key, _), *_ = r1._ready
+    (at, key, _, _), *_ = r1._ready
     assert at > datetime.now(UTC)  # claimed, its instant still to come
     r1.close()
     assert datetime.now(UTC) >= at
