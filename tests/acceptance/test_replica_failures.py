@@ -37,14 +37,18 @@ def test_kill_minus_nine_of_one_replica_leaves_no_duplicate_and_no_gap(
     dep.start_beats(*REPLICAS)
     dep.wait_ready()
 
-    # Half a second past an occurrence: a kill between a publish and its mark is the business
-    # of test_store_outage.py's test_store_failing_between_publish_and_mark_does_not_duplicate.
+    # 880 ms past an occurrence: the next one is claimed (250 ms ahead) and not yet published.
+    # A kill between a publish and its mark is the business of test_store_outage.py's
+    # test_store_failing_between_publish_and_mark_does_not_duplicate.
     start = window_start()
     end = start + timedelta(seconds=22)
-    sleep_until(start + timedelta(seconds=8, milliseconds=500))
-    # The replica that won the most so far, so that the kill takes away a real contributor.
-    wins = Counter(r.replica for r in dep.runs().values() if r.scheduled_at >= start)
-    name = wins.most_common(1)[0][0]
+    sleep_until(start + timedelta(seconds=8, milliseconds=880))
+    # The replica holding a claim ahead, so that its recovery is exercised; else the one
+    # that won the most so far, so that the kill takes away a real contributor.
+    runs = [r for r in dep.runs().values() if r.scheduled_at >= start]
+    held = [r.replica for r in runs if r.status == "claimed" and r.scheduled_at > now()]
+    wins = Counter(r.replica for r in runs)
+    name = held[0] if held else wins.most_common(1)[0][0]
     assert name in REPLICAS, wins
     victim = dep.beats[name]
     victim.kill9()
