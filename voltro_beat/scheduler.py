@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 RETRY_DELAY = 1.0
 #: Occurrences per claim statement: a tick claims everything due in one round trip up to this.
 BATCH = 100_000
+#: Messages per broker write when publishing an instant's occurrences: between two writes the
+#: claims' leases are checked, so a slow publish stops before recovery takes the rest over.
+PUBLISH_CHUNK = 1000
 #: How far ahead of its instant an occurrence is claimed: LEAD_MIN, plus CLAIM_COST per
 #: schedule, so that a burst of every schedule at once is claimed before its boundary.
 #: Building and claiming an occurrence costs about 120 µs of one replica on PostgreSQL (bench/);
@@ -269,26 +272,38 @@ class Scheduler(beat.Scheduler):
         self._unprepared = sorted(self._queue)
 
     def _publish_ready(self, now: datetime) -> None:
-        """Publish the occurrences won ahead whose instant has come.
+        """Publish the occurrences won ahead whose instant has come, then mark them.
 
-        One whose lease ran out (this process was paused past half the publish timeout)
-        belongs to the recovery sweeps now, which may already have republished it: it is
-        left to them rather than sent a second time.
+        They go out in chunks, and an occurrence whose lease ran out (this process was paused,
+        or publishing took that long) is not sent: it belongs to the recovery sweeps now,
+        which may already have republished it. If the broker fails, what is left of this
+        instant stays ``claimed`` for the recovery sweep, as any unconfirmed publish does.
         """
-        ready: list[Occurrence] = []
+        published: list[str] = []
         expired = 0
-        while self._ready and self._ready[0][0] <= now:
-            _, _, occurrence, lease = heapq.heappop(self._ready)
-            if now < lease:
-                ready.append(occurrence)
-            else:
-                expired += 1
-        if expired:
-            logger.warning(
-                "voltro_beat: %d claimed runs held past their lease (paused?) left to recovery",
-                expired,
-            )
-        self._publish_and_mark(ready)
+        started = time.monotonic()
+        try:
+            while self._ready and self._ready[0][0] <= now:
+                clock = now + timedelta(seconds=time.monotonic() - started)
+                chunk: list[Occurrence] = []
+                while len(chunk) < PUBLISH_CHUNK and self._ready and self._ready[0][0] <= now:
+                    _, _, occurrence, lease = heapq.heappop(self._ready)
+                    if clock < lease:
+                        chunk.append(occurrence)
+                    else:
+                        expired += 1
+                sent = self._publish(chunk)
+                published += sent
+                if len(sent) < len(chunk):
+                    while self._ready and self._ready[0][0] <= now:
+                        heapq.heappop(self._ready)
+        finally:
+            if expired:
+                logger.warning(
+                    "voltro_beat: %d claimed runs held past their lease left to recovery",
+                    expired,
+                )
+            self._mark(published)
 
     def _fire_due(self, now: datetime) -> None:
         """Claim the occurrences whose claim time has come (their instant minus the lead)."""
@@ -421,13 +436,17 @@ class Scheduler(beat.Scheduler):
                     logger.info("voltro_beat: %s recorded %s (%s)", o.key, o.status, o.reason)
 
     def _publish_and_mark(self, occurrences: Sequence[Occurrence | PendingRun]) -> None:
+        self._mark(self._publish(occurrences))
+
+    def _publish(self, occurrences: Sequence[Occurrence | PendingRun]) -> list[str]:
+        """Send ``occurrences``; return the keys the broker confirmed."""
         messages = []
         for o in occurrences:
             entry = self._entries[o.schedule]
             logger.info("Scheduler: Sending due task %s (%s) as %s", entry.name, entry.task, o.key)
             messages.append((entry, o.key, o.task_id))
         if not messages:
-            return
+            return []
         try:
             self._publisher.publish(messages)
             published = [key for _, key, _ in messages]
@@ -442,6 +461,9 @@ class Scheduler(beat.Scheduler):
             if self._broker_down:
                 logger.warning("voltro_beat: broker is reachable again")
             self._broker_down = False
+        return published
+
+    def _mark(self, published: list[str]) -> None:
         if published:
             try:
                 self._store.mark_published(published, now=_now())

@@ -7,10 +7,12 @@ real ``celery beat`` processes are exercised in tests/acceptance.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -418,6 +420,26 @@ def test_a_paused_replica_leaves_its_expired_claims_to_recovery(
     assert rows(store_url)["s@2026-01-01T10:00:01"].status == "claimed"
     (run,) = r1._store.release_stale(before=sec(1.5), now=sec(11.5), limit=10)
     assert run.key == "s@2026-01-01T10:00:01"
+
+
+def test_a_publish_slower_than_the_lease_leaves_the_rest_to_recovery(
+    replicas: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schedule = {name: {"task": "proj.work", "schedule": "* * * * * *"} for name in "abc"}
+    r1 = replicas("r1", schedule=schedule)
+    r1._tick(sec(0))
+    r1._tick(sec(0.9))  # claims a, b and c @ 10:00:01 ahead
+    # One message per broker write, and each write seems to take three seconds: the lease
+    # (half of the 10 s publish timeout) runs out after the first.
+    monkeypatch.setattr("voltro_beat.scheduler.PUBLISH_CHUNK", 1)
+    clock = itertools.count(step=3)
+    fake_time = SimpleNamespace(monotonic=lambda: next(clock))
+    monkeypatch.setattr("voltro_beat.scheduler.time", fake_time)
+    r1._tick(sec(1))
+    (headers,) = drain(r1.app)
+    statuses = {k: r.status for k, r in rows(store_url).items() if k.endswith("10:00:01")}
+    assert statuses[headers["voltro_occurrence"]] == "published"
+    assert sorted(statuses.values()) == ["claimed", "claimed", "published"]
 
 
 def test_close_publishes_the_occurrences_it_claimed_ahead(replicas: Any, store_url: str) -> None:
