@@ -474,26 +474,39 @@ class Scheduler(beat.Scheduler):
     # -- maintenance ----------------------------------------------------------------------
 
     def _recover(self, now: datetime) -> None:
-        """Republish runs left ``claimed`` (crashed replica, broker outage) or mark them missed."""
-        stale = self._store.release_stale(
-            before=now - self._settings.publish_timeout, now=now, limit=BATCH
-        )
-        republish: list[PendingRun] = []
-        expired: list[str] = []
-        for run in stale:
-            entry = self._entries.get(run.schedule)
-            if entry is None:
-                continue  # a schedule this replica does not know (rolling deploy)
-            if now - run.scheduled_at > entry.max_lateness:
-                expired.append(run.key)
-            else:
-                republish.append(run)
-        if expired:
-            self._store.mark_missed(expired, reason="publish_failed")
-            logger.warning("voltro_beat: %d unpublished runs expired as missed", len(expired))
-        if republish:
-            logger.warning("voltro_beat: republishing %d unconfirmed runs", len(republish))
-            self._publish_and_mark(republish)
+        """Republish runs left ``claimed`` (crashed replica, broker outage) or mark them missed.
+
+        A chunk at a time, each leased (``claimed_at``) when taken, so that every republish
+        ends well within its lease even when there are many; chunks follow one another for
+        at most half the publish timeout, or until the broker fails.
+        """
+        timeout = self._settings.publish_timeout
+        started = time.monotonic()
+        while True:
+            clock = now + timedelta(seconds=time.monotonic() - started)
+            if clock - now >= timeout / 2:
+                return
+            stale = self._store.release_stale(
+                before=clock - timeout, now=clock, limit=PUBLISH_CHUNK
+            )
+            republish: list[PendingRun] = []
+            expired: list[str] = []
+            for run in stale:
+                entry = self._entries.get(run.schedule)
+                if entry is None:
+                    continue  # a schedule this replica does not know (rolling deploy)
+                if clock - run.scheduled_at > entry.max_lateness:
+                    expired.append(run.key)
+                else:
+                    republish.append(run)
+            if expired:
+                self._store.mark_missed(expired, reason="publish_failed")
+                logger.warning("voltro_beat: %d unpublished runs expired as missed", len(expired))
+            if republish:
+                logger.warning("voltro_beat: republishing %d unconfirmed runs", len(republish))
+                self._publish_and_mark(republish)
+            if len(stale) < PUBLISH_CHUNK or self._broker_down:
+                return
 
     def _sweep(self, now: datetime) -> None:
         claims, runs = self._store.sweep(

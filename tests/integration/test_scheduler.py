@@ -178,6 +178,29 @@ def test_broker_down_leaves_claimed_then_recovered_with_same_task_id(
     assert rows(store_url)[key].replica == "up"
 
 
+def test_recovery_takes_chunks_each_within_its_lease(
+    replicas: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schedule = {name: {"task": "proj.work", "schedule": "* * * * * *"} for name in "abc"}
+    down = replicas("down", broker="redis://127.0.0.1:1/0", schedule=schedule)
+    down._tick(sec(0))
+    down._tick(sec(1))  # a, b and c @ 10:00:01 stay claimed
+    up = replicas("up", schedule=schedule)
+    monkeypatch.setattr("voltro_beat.scheduler.PUBLISH_CHUNK", 1)
+    up._recover(sec(12))  # one chunk after another: all three
+    assert {r.status for r in rows(store_url).values()} == {"published"}
+    # Same again, but each chunk seems to take three seconds: after half the publish
+    # timeout the sweep stops taking rows, so none is held past its lease.
+    down._tick(sec(2))
+    clock = itertools.count(step=3)
+    monkeypatch.setattr(
+        "voltro_beat.scheduler.time", SimpleNamespace(monotonic=lambda: next(clock))
+    )
+    up._recover(sec(13))
+    statuses = [r.status for k, r in rows(store_url).items() if k.endswith("10:00:02")]
+    assert sorted(statuses) == ["claimed", "claimed", "published"]
+
+
 def test_unpublished_run_past_lateness_is_recorded_missed(replicas: Any, store_url: str) -> None:
     schedule = {"s": {"task": "proj.work", "schedule": 1.0, "max_lateness": 5}}
     down = replicas("down", broker="redis://127.0.0.1:1/0", schedule=schedule)
