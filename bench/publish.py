@@ -27,7 +27,7 @@ from celery import Celery
 
 from voltro_beat import publisher as publisher_module
 from voltro_beat.publisher import Publisher, task_id_for
-from voltro_beat.scheduler import BATCH
+from voltro_beat.scheduler import PUBLISH_CHUNK
 from voltro_beat.schedules import Entry, parse_entries
 
 QUEUE = "bench_publish"
@@ -69,10 +69,10 @@ def publisher_run(
         start = time.perf_counter()
         publisher.prepare(entries)
         prepared = time.perf_counter()
-        for i in range(0, len(messages), BATCH):
-            publisher.publish(messages[i : i + BATCH])
+        for i in range(0, len(messages), PUBLISH_CHUNK):
+            publisher.publish(messages[i : i + PUBLISH_CHUNK])
         done = time.perf_counter()
-    pushed = sum(1 for t in publisher._templates.values() if t is not None and t.push)
+    pushed = sum(isinstance(t, publisher_module._RedisPush) for t in publisher._templates.values())
     assert pushed == (len(entries) if fast else 0), pushed
     publisher.reset()
     return prepared - start, done - prepared

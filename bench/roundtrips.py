@@ -1,10 +1,10 @@
 """Database round trips per tick of voltro_beat's firing path, for growing numbers of schedules.
 
-    .venv/bin/python bench/roundtrips.py                        # S = 1,000 and 10,000, R = 3
-    .venv/bin/python bench/roundtrips.py --sizes 100000 --replicas 1
+    .venv/bin/python -m bench.roundtrips                        # S = 1,000 and 10,000, R = 3
+    .venv/bin/python -m bench.roundtrips --sizes 100000 --replicas 1
 
 R schedulers (replicas, in this process) of S ``crontab(minute='*')`` schedules share the
-local PostgreSQL (a throw-away database ``voltro_roundtrips``) and Redis (db 7, flushed). They
+local PostgreSQL (database ``voltro_roundtrips``, tables dropped) and Redis (db 7, flushed). They
 boot, then go through one minute boundary the way a beat does: each replica's claim tick
 (at the boundary minus its claim lead) and its publish tick (at the boundary). Every statement
 each replica's store sends is counted with SQLAlchemy's ``before_cursor_execute`` event: the
@@ -27,30 +27,23 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import redis
 from celery import Celery
 from celery.schedules import crontab
 from sqlalchemy import event
 
+from bench.services import Services, clean, ensure_database
 from voltro_beat.scheduler import Scheduler
 
-ADMIN = "postgresql://root@127.0.0.1:5432/postgres"
-DATABASE = "voltro_roundtrips"
-STORE = f"postgresql+psycopg://root@127.0.0.1:5432/{DATABASE}"
 BROKER = "redis://127.0.0.1:6379/7"
+#: A database and a Redis db of its own, so a ``python -m bench`` run is not disturbed.
+SERVICES = Services(
+    broker_url=BROKER,
+    redbeat_url=BROKER,
+    pg_db="voltro_roundtrips",
+    voltro_store="postgresql+psycopg://root@127.0.0.1:5432/voltro_roundtrips",
+)
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def fresh_database() -> None:
-    with psycopg.connect(ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{DATABASE}"')
-
-
-def drop_database() -> None:
-    with psycopg.connect(ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
 
 
 def replica(name: str, size: int, counts: Counter[str]) -> Scheduler:
@@ -59,7 +52,7 @@ def replica(name: str, size: int, counts: Counter[str]) -> Scheduler:
     app.conf.update(
         timezone="UTC",
         result_expires=None,
-        voltro_beat_store_url=STORE,
+        voltro_beat_store_url=SERVICES.voltro_store,
         voltro_beat_replica=name,
         beat_schedule={
             f"s{i:06d}": {"task": "bench.noop", "schedule": every, "args": [i]} for i in range(size)
@@ -76,9 +69,9 @@ def replica(name: str, size: int, counts: Counter[str]) -> Scheduler:
 
 
 def measure(size: int, replicas: int) -> dict[str, Any]:
-    fresh_database()
+    ensure_database(SERVICES)
+    clean(SERVICES)
     broker = redis.Redis.from_url(BROKER)
-    broker.flushdb()
     counts: Counter[str] = Counter()
     beats = [replica(f"r{i}", size, counts) for i in range(replicas)]
     boundary = datetime.now(UTC).replace(second=0, microsecond=0) + timedelta(minutes=10)
@@ -106,7 +99,7 @@ def measure(size: int, replicas: int) -> dict[str, Any]:
         for beat in beats:
             beat.close()
         broker.close()
-        drop_database()
+        clean(SERVICES)
     return {
         "schedules": size,
         "replicas": replicas,

@@ -106,6 +106,8 @@ class _RedisPush(NamedTuple):
     parts: tuple[str, ...]
     #: Between ``parts[i]`` and ``parts[i + 1]``: 0 the task id, 1 the key, 2 the delivery tag.
     slots: tuple[int, ...]
+    #: The queues kombu would declare before the put (the recorded call's ``declare``).
+    declare: Sequence[Any] = ()
 
     @classmethod
     def capture(cls, producer: Producer, publish: Any) -> _RedisPush | None:
@@ -177,15 +179,13 @@ class _RedisPush(NamedTuple):
 
 
 class _Template(NamedTuple):
-    """A schedule's recorded ``Producer.publish`` call, or its Redis payload once captured.
+    """A schedule's recorded ``Producer.publish`` call, replayed where no payload was captured.
 
-    A captured payload replaces the call: only the queues to declare are kept beside it
-    (``kwargs["declare"]``), which saves about two thirds of a template's memory.
+    A captured :class:`_RedisPush` replaces it (about a third of its memory).
     """
 
     body: Any
     kwargs: dict[str, Any]
-    push: _RedisPush | None
 
 
 class Publisher:
@@ -195,8 +195,9 @@ class Publisher:
         self.app = app
         self._connection: Connection | None = None
         self._producer: Producer | None = None
-        #: Per schedule: the recorded publish call, or None for Celery's full path.
-        self._templates: dict[str, _Template | None] = {}
+        #: Per schedule: the captured Redis payload, else the recorded publish call, or None
+        #: for Celery's full path.
+        self._templates: dict[str, _RedisPush | _Template | None] = {}
         self._declared: set[str] = set()
 
     def publish(self, messages: Sequence[tuple[Entry, str, str]]) -> None:
@@ -219,9 +220,9 @@ class Publisher:
                 for (entry, key, task_id), template in zip(messages, templates, strict=True):
                     if template is None:
                         self._send(producer, entry, key, task_id)
-                    elif template.push is not None:
-                        self._declare(producer, template.kwargs.get("declare"))
-                        pushes.append((template.push.list_key, template.push.payload(key, task_id)))
+                    elif isinstance(template, _RedisPush):
+                        self._declare(producer, template.declare)
+                        pushes.append((template.list_key, template.payload(key, task_id)))
                     else:
                         self._replay(producer, template, key, task_id, retry=not batched)
                     sent += 1
@@ -272,17 +273,17 @@ class Publisher:
         except Exception:
             self.reset()
 
-    def _template(self, producer: Producer, entry: Entry) -> _Template | None:
+    def _template(self, producer: Producer, entry: Entry) -> _RedisPush | _Template | None:
         try:
             return self._templates[entry.name]
         except KeyError:
             pass
-        template = None
+        template: _RedisPush | _Template | None = None
         if self._replayable(entry):
             recorder = _Recorder(producer.channel, auto_declare=False)
             self._send(recorder, entry, "", "")
             if recorder.call is not None:
-                recorded = _Template(*recorder.call, push=None)
+                recorded = _Template(*recorder.call)
                 try:
                     push = _RedisPush.capture(
                         producer, lambda: self._replay(producer, recorded, "", "", retry=False)
@@ -292,9 +293,8 @@ class Publisher:
                 except Exception:
                     logger.debug("voltro_beat: %s keeps kombu's publish path", entry.name)
                     push = None
-                template = recorded
-                if push is not None:
-                    template = _Template(None, {"declare": recorded.kwargs.get("declare")}, push)
+                declare = recorded.kwargs.get("declare") or ()
+                template = recorded if push is None else push._replace(declare=declare)
         self._templates[entry.name] = template
         return template
 

@@ -417,15 +417,13 @@ class Scheduler(beat.Scheduler):
         # Sorted by key, every replica locks the keys in the same order: no deadlock between
         # claim statements.
         occurrences = sorted(self._apply_overlap(occurrences, now), key=lambda o: o.key)
+        lease = self._lease
         for i in range(0, len(occurrences), BATCH):
             batch = occurrences[i : i + BATCH]
             won = self._gate.admit(batch, now=now)
             lost = len(batch) - len(won)
             if lost:
                 logger.debug("voltro_beat: %d occurrences claimed by other replicas", lost)
-            # Recovery sweeps take a claimed row over once both its instant and its claim
-            # are publish_timeout old: this replica's own lease ends well before that.
-            lease = self._settings.publish_timeout / 2
             for o in batch:
                 if o.key not in won:
                     continue
@@ -480,14 +478,13 @@ class Scheduler(beat.Scheduler):
         ends well within its lease even when there are many; chunks follow one another for
         at most half the publish timeout, or until the broker fails.
         """
-        timeout = self._settings.publish_timeout
         started = time.monotonic()
         while True:
             clock = now + timedelta(seconds=time.monotonic() - started)
-            if clock - now >= timeout / 2:
+            if clock - now >= self._lease:
                 return
             stale = self._store.release_stale(
-                before=clock - timeout, now=clock, limit=PUBLISH_CHUNK
+                before=clock - self._settings.publish_timeout, now=clock, limit=PUBLISH_CHUNK
             )
             republish: list[PendingRun] = []
             expired: list[str] = []
@@ -517,6 +514,15 @@ class Scheduler(beat.Scheduler):
             logger.info("voltro_beat: retention removed %d claims and %d runs", claims, runs)
 
     # -- plumbing -------------------------------------------------------------------------
+
+    @property
+    def _lease(self) -> timedelta:
+        """How long a replica may still publish a run it holds (from its instant or claim).
+
+        Recovery sweeps take a ``claimed`` row over once both its instant and its claim are
+        ``publish_timeout`` old: the holder's lease ends well before that.
+        """
+        return self._settings.publish_timeout / 2
 
     def _push(self, due: _Due) -> None:
         # Overlap-guarded schedules are decided at their instant, the rest claimed ahead.

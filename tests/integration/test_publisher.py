@@ -23,7 +23,7 @@ from celery import Celery
 from kombu import Queue
 from kombu.common import Broadcast
 
-from voltro_beat.publisher import Publisher, task_id_for, uuid4_str
+from voltro_beat.publisher import Publisher, _RedisPush, task_id_for, uuid4_str
 from voltro_beat.schedules import Entry, parse_entries
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ def test_replayed_message_equals_celerys_own(raw: dict[str, Any], queue: str) ->
     publisher.prepare([e])
     publisher.publish([(e, key, tid), (e, "e@2026-01-01T10:01:00", task_id_for("x"))])
     assert publisher._templates["e"] is not None
-    assert publisher._templates["e"].push is None  # not Redis: kombu's path
+    assert not isinstance(publisher._templates["e"], _RedisPush)  # not Redis: kombu's path
     first, second = received(app, queue)
     assert comparable(first) == comparable(expected)
     assert second.headers["id"] == second.headers["root_id"] == task_id_for("x")
@@ -218,7 +218,7 @@ def test_fast_path_pushes_kombus_own_payload(
     publisher = Publisher(app)
     publisher.prepare([e])
     template = publisher._templates[name]
-    assert template is not None and template.push is not None
+    assert isinstance(template, _RedisPush)
     other = f"{name}@2026-01-01T10:01:00"
     publisher.publish([(e, key, task_id_for(key)), (e, other, task_id_for(other))])
     publisher.reset()
@@ -249,7 +249,7 @@ def test_expiring_queue_keeps_kombus_path(broker: str) -> None:
     publisher.publish([(e, "e@1", task_id_for("e@1"))])
     publisher.reset()
     template = publisher._templates["e"]
-    assert template is not None and template.push is None
+    assert template is not None and not isinstance(template, _RedisPush)
     client = redis.Redis.from_url(broker)
     assert 0 < client.pttl(queue) <= 60_000  # kombu's _put refreshed the queue's expiry
     client.close()
@@ -271,7 +271,7 @@ def test_fanout_queue_keeps_kombus_path(broker: str) -> None:
         publisher.publish([(e, "e@1", task_id_for("e@1"))])
         publisher.reset()
         template = publisher._templates["e"]
-        assert template is not None and template.push is None
+        assert template is not None and not isinstance(template, _RedisPush)
         deadline = time.monotonic() + 5
         message = None
         while message is None and time.monotonic() < deadline:
@@ -345,7 +345,7 @@ def test_worker_consumes_fast_path_messages(
     publisher.prepare(entries)
     for e in entries:
         template = publisher._templates[e.name]
-        assert template is not None and template.push is not None
+        assert isinstance(template, _RedisPush)
     publisher.publish(messages)
     publisher.reset()
 
