@@ -83,7 +83,7 @@ def child(shape: str, count: int, src: str | None) -> dict[str, Any]:
     if src:
         sys.path.insert(0, src)
     import voltro_beat
-    from voltro_beat import occurrences
+    from voltro_beat import cron
     from voltro_beat.occurrences import next_after
     from voltro_beat.schedules import cadence, parse_entries
 
@@ -110,7 +110,7 @@ def child(shape: str, count: int, src: str | None) -> dict[str, Any]:
 
     gc.collect()
     rss_after = _rss_mb()
-    cache = getattr(getattr(occurrences, "_cron_cache", None), "iters", None)
+    cache = cron._states.by_spec
     result = {
         "package": str(Path(voltro_beat.__file__).parent),
         "seconds": {k: round(v, 4) for k, v in seconds.items()},
@@ -119,7 +119,7 @@ def child(shape: str, count: int, src: str | None) -> dict[str, Any]:
         "growth_mb": round(rss_after - rss_before, 1),
         "distinct_specs": len({entry.spec for entry in entries}),
         "spec_objects": len({id(entry.spec) for entry in entries}),
-        "cron_cache_entries": None if cache is None else len(cache),
+        "cron_cache_entries": len(cache),
         "firsts": len(firsts),
     }
     del graces, seconds_

@@ -44,9 +44,12 @@ import sqlalchemy as sa
 from celery import Celery
 
 from voltro_beat import ledger
-from voltro_beat.publisher import task_id_for
-from voltro_beat.store import Occurrence, RunChange, SqlStore, open_store
-from voltro_beat.tables import runs
+from voltro_beat.coordination import Coordination
+from voltro_beat.occurrences import Occurrence, task_id_for
+from voltro_beat.store.beat import BeatStore
+from voltro_beat.store.database import Database
+from voltro_beat.store.run_writer import RunWriter
+from voltro_beat.store.tables import runs
 
 APP = textwrap.dedent(
     '''\
@@ -153,9 +156,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, store_url: str, tmp: Path) -> int:
-    store = open_store(store_url, replica="bench")
-    assert isinstance(store, SqlStore)
-    store.upgrade()
+    store = BeatStore(Database.open(store_url), replica="bench")
+    store.database.upgrade()
     queue = f"voltro-ledger-bench-{uuid.uuid4().hex[:8]}"
     client = Celery("ledger_bench_client", broker=args.broker, set_as_current=False)
     client.conf.broker_connection_retry_on_startup = True
@@ -220,7 +222,7 @@ def run(args: argparse.Namespace, store_url: str, tmp: Path) -> int:
         client.close()
 
     stamps: dict[str, list[list[float]]] = json.loads(dump_path.read_text())
-    with store.engine.connect() as conn:
+    with store.database.engine.connect() as conn:
         recorded = dict(
             conn.execute(sa.select(runs.c.status, sa.func.count()).group_by(runs.c.status)).all()
         )
@@ -283,7 +285,7 @@ def run(args: argparse.Namespace, store_url: str, tmp: Path) -> int:
 def publish_block(
     client: Celery,
     producer: Any,
-    store: SqlStore,
+    store: BeatStore,
     queue: str,
     kind: str,
     block: str,
@@ -302,7 +304,9 @@ def publish_block(
                 key, f"bench-{block}", "bench.noop", task_id_for(key), base + timedelta(seconds=i)
             )
         )
-    published = store.claim(occurrences, outcome="won_lock", gate=True, now=datetime.now(UTC))
+    published = store.claim(
+        occurrences, coordination=Coordination.ADVISORY_LOCK, now=datetime.now(UTC)
+    )
     assert len(published) == len(occurrences)
     for i, occurrence in enumerate(occurrences):
         client.send_task(
@@ -320,31 +324,21 @@ def publish_block(
     return [o.key for o in occurrences]
 
 
-def time_writes(store: SqlStore, count: int) -> float:
+def time_writes(store: BeatStore, count: int) -> float:
     """Milliseconds per started + succeeded pair of ledger writes, without Celery."""
     base = datetime(2027, 1, 1, tzinfo=UTC)
     keys = [f"bench-direct@{base + timedelta(seconds=i):%Y-%m-%dT%H:%M:%S}" for i in range(count)]
     store.claim(
         [Occurrence(k, "bench-direct", "bench.noop", task_id_for(k), base) for k in keys],
-        outcome="won_lock",
-        gate=True,
+        coordination=Coordination.ADVISORY_LOCK,
         now=datetime.now(UTC),
     )
+    writer = RunWriter(store.database)
     moves = [ledger.transition(e) for e in (ledger.Event.STARTED, ledger.Event.SUCCEEDED)]
     started = time.perf_counter()
     for key in keys:
         for move in moves:
-            store.advance_run(
-                RunChange(
-                    status=move.status,
-                    stamp=move.stamp,
-                    from_statuses=move.from_statuses,
-                    attempt_statuses=move.attempt_statuses,
-                    now=datetime.now(UTC),
-                    key=key,
-                    worker="bench:0",
-                )
-            )
+            writer.advance(move, now=datetime.now(UTC), key=key, worker="bench:0")
     return (time.perf_counter() - started) / count * 1000
 
 

@@ -47,7 +47,7 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
-from voltro_beat import occurrences, schedules
+from voltro_beat import cron
 from voltro_beat.occurrences import next_after, occurrence_key
 from voltro_beat.schedules import CronSpec, IntervalSpec, to_spec
 
@@ -61,7 +61,7 @@ CHUNK = 100  # schedules timed together
 WALK = 10  # consecutive occurrences per walk
 WALKERS = 1000  # schedules walked (croniter's walk is the slowest row)
 # voltro_beat's per-expression caches, emptied for the cold row.
-PARSE_CACHES = (schedules._parse_cron_string, schedules._cron_facts, schedules._cron_spec)
+PARSE_CACHES = (cron.parse_text, cron._facts, cron._interned)
 
 Item = Any
 Side = Callable[[Sequence[Item]], int]  # times one chunk, in nanoseconds
@@ -182,17 +182,17 @@ def measure(
 def counting_searches() -> Iterator[list[int]]:
     """Count the cron searches ``next_after`` makes (a memo hit makes none)."""
     count = [0]
-    search = occurrences._cron_search
+    search = cron._search
 
     def counted(*args: Any) -> datetime | None:
         count[0] += 1
         return search(*args)
 
-    occurrences._cron_search = counted  # type: ignore[assignment]
+    cron._search = counted  # type: ignore[assignment]
     try:
         yield count
     finally:
-        occurrences._cron_search = search  # type: ignore[assignment]
+        cron._search = search  # type: ignore[assignment]
 
 
 def check_no_memo(
@@ -219,7 +219,7 @@ def distinct_per_round(rounds: Sequence[Sequence[tuple[Item, datetime]]]) -> Non
 def empty_caches() -> None:
     for cache in PARSE_CACHES:
         cache.cache_clear()
-    occurrences._cron_cache.iters.clear()
+    cron._states.by_spec.clear()
 
 
 def run(count: int, rounds: int) -> list[dict[str, object]]:
@@ -241,9 +241,9 @@ def run(count: int, rounds: int) -> list[dict[str, object]]:
 
     qs = questions(zoned, "cold", rounds)
     empty_caches()
-    misses = schedules._cron_facts.cache_info().misses
+    misses = cron._facts.cache_info().misses
     check_no_memo("cold", cold_ours, qs[-1], count)
-    assert schedules._cron_facts.cache_info().misses - misses == count, "cold calls parsed"
+    assert cron._facts.cache_info().misses - misses == count, "cold calls parsed"
     agree(qs[-1][:CHUNK], cold_ours, cold_theirs, zoned=True)
     timing = measure(qs[:-1], [timed(cold_ours, empty_caches), timed(cold_theirs)])
     rows.append(row(f"(a) cold: first question, {count} schedules, 5 zones", timing))

@@ -26,7 +26,8 @@ import redis
 from celery import Celery
 
 from voltro_beat import publisher as publisher_module
-from voltro_beat.publisher import Publisher, task_id_for
+from voltro_beat.occurrences import task_id_for
+from voltro_beat.publisher import Publisher
 from voltro_beat.scheduler import PUBLISH_CHUNK
 from voltro_beat.schedules import Entry, parse_entries
 

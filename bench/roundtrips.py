@@ -33,7 +33,7 @@ from celery.schedules import crontab
 from sqlalchemy import event
 
 from bench.services import Services, clean, ensure_database
-from voltro_beat.scheduler import Scheduler
+from voltro_beat.scheduler import VoltroScheduler
 
 BROKER = "redis://127.0.0.1:6379/7"
 #: A database and a Redis db of its own, so a ``python -m bench`` run is not disturbed.
@@ -46,7 +46,7 @@ SERVICES = Services(
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def replica(name: str, size: int, counts: Counter[str]) -> Scheduler:
+def replica(name: str, size: int, counts: Counter[str]) -> VoltroScheduler:
     app = Celery(f"roundtrips-{name}", broker=BROKER, set_as_current=False)
     every = crontab(minute="*")
     app.conf.update(
@@ -58,8 +58,8 @@ def replica(name: str, size: int, counts: Counter[str]) -> Scheduler:
             f"s{i:06d}": {"task": "bench.noop", "schedule": every, "args": [i]} for i in range(size)
         },
     )
-    scheduler = Scheduler(app)
-    engine = scheduler._store.engine  # type: ignore[attr-defined]
+    scheduler = VoltroScheduler(app)
+    engine = scheduler._store.database.engine
 
     @event.listens_for(engine, "before_cursor_execute")
     def _count(*_args: Any) -> None:

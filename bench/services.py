@@ -84,7 +84,7 @@ def voltro_scheduler() -> tuple[str | None, str]:
     names = {ep.name for ep in importlib.metadata.entry_points(group="celery.beat_schedulers")}
     if "voltro" in names:
         return "voltro", "entry point voltro"
-    return "voltro_beat.scheduler:Scheduler", "dotted path (entry point not installed)"
+    return "voltro_beat.scheduler:VoltroScheduler", "dotted path (entry point not installed)"
 
 
 def repo_root() -> Path:

@@ -1,32 +1,23 @@
 """Catch-up after downtime: what to do, at boot, with occurrences no replica handled.
 
 Pure: the scheduler passes the newest occurrence the store remembers for a schedule and the
-current instant, and records what :func:`plan` returns through the gate, so every replica
-that boots at once agrees row by row.
+current instant, and records the occurrences :func:`plan` returns (``claimed`` to publish,
+``missed`` otherwise) through the gate, so every replica that boots at once agrees row by row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from voltro_beat.occurrences import next_after
+from voltro_beat.occurrences import Occurrence, next_after
 from voltro_beat.schedules import Entry, cadence
+from voltro_beat.status import Reason, Status
 
 #: At most this many occurrences of one schedule are recorded at boot (the newest ones).
 MAX_BACKFILL = 1000
 
 
-@dataclass(frozen=True, slots=True)
-class Backfill:
-    """One occurrence to record at boot: published (``claimed``) or ``missed``."""
-
-    at: datetime
-    status: str
-    reason: str | None
-
-
-def plan(entry: Entry, last: datetime | None, now: datetime) -> list[Backfill]:
+def plan(entry: Entry, last: datetime | None, now: datetime) -> list[Occurrence]:
     """The occurrences of ``entry`` after ``last`` up to ``now``, each with its fate.
 
     A schedule with no history (``last`` is None) starts from now: nothing historical fires
@@ -49,9 +40,9 @@ def plan(entry: Entry, last: datetime | None, now: datetime) -> list[Backfill]:
         instants.append(at)
         at = next_after(entry.spec, at)
     instants = instants[-MAX_BACKFILL:]
-    if entry.catch_up == "all":
-        return [Backfill(at, "claimed", None) for at in instants]
-    missed = [Backfill(at, "missed", "catch_up") for at in instants]
-    if entry.catch_up == "latest" and missed:
-        missed[-1] = Backfill(instants[-1], "claimed", None)
-    return missed
+    published = {"all": len(instants), "latest": 1, "skip": 0}[entry.catch_up]
+    cut = max(0, len(instants) - published)
+    return [
+        Occurrence.of(entry.name, entry.task, at, Status.MISSED, Reason.CATCH_UP)
+        for at in instants[:cut]
+    ] + [Occurrence.of(entry.name, entry.task, at) for at in instants[cut:]]

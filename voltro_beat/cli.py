@@ -13,11 +13,12 @@ from rich.table import Table
 
 from voltro_beat.config import DEFAULT_STORE_URL
 from voltro_beat.exceptions import ConfigurationError, StoreError
-from voltro_beat.migrations import runner as migrations
 from voltro_beat.occurrences import next_after, occurrence_key
 from voltro_beat.schedules import Spec, check_name, to_spec
-from voltro_beat.store import hide_password, open_store
-from voltro_beat.tables import STATUSES
+from voltro_beat.status import Status
+from voltro_beat.store import reads
+from voltro_beat.store.database import Database, hide_password
+from voltro_beat.store.migrations import runner as migrations
 
 
 @click.group()
@@ -120,11 +121,11 @@ def db() -> None:
 def db_upgrade(store_url: str) -> None:
     """Create or upgrade the tables to the newest revision."""
     with _errors():
-        store = open_store(store_url, replica="voltro-beat-cli")
+        database = Database.open(store_url)
         try:
-            store.upgrade()
+            database.upgrade()
         finally:
-            store.close()
+            database.dispose()
     click.echo(f"{hide_password(store_url)}: schema is up to date")
 
 
@@ -133,23 +134,30 @@ def db_upgrade(store_url: str) -> None:
 def db_sql(store_url: str) -> None:
     """Print the DDL of every migration for the store's dialect, for a DBA to run."""
     with _errors():
-        open_store(store_url, replica="voltro-beat-cli")  # validates the URL
+        Database.open(store_url)  # validates the URL
         click.echo(migrations.sql(store_url), nl=False)
 
 
 @main.command()
 @_store_option
 @click.option("--schedule", default=None, help="Only this schedule.")
-@click.option("--status", default=None, type=click.Choice(STATUSES), help="Only this status.")
+@click.option(
+    "--status", default=None, type=click.Choice([s.value for s in Status]), help="Only this status."
+)
 @click.option("-n", "count", default=50, show_default=True, type=click.IntRange(min=1))
 def runs(store_url: str, schedule: str | None, status: str | None, count: int) -> None:
     """Print the newest rows of the run table."""
     with _errors():
-        store = open_store(store_url, replica="voltro-beat-cli")
+        database = Database.open(store_url)
         try:
-            rows = store.recent_runs(schedule=schedule, status=status, limit=count)
+            rows = reads.recent_runs(
+                database,
+                schedule=schedule,
+                status=None if status is None else Status(status),
+                limit=count,
+            )
         finally:
-            store.close()
+            database.dispose()
     table = Table(title=f"_voltro_schedule_runs ({len(rows)} newest)")
     columns = ("id", "status", "reason", "replica", "coordination_outcome", "worker")
     for column in (*columns, "published", "finished"):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from voltro_beat.coordination import ALIASES, Coordination
 from voltro_beat.exceptions import ConfigurationError
 
 T = TypeVar("T")
@@ -20,17 +21,13 @@ T = TypeVar("T")
 #: The embedded default: a SQLite file next to where beat runs.
 DEFAULT_STORE_URL = "sqlite:///voltro-beat.sqlite3"
 
-COORDINATIONS = ("single", "advisory_lock", "cluster")
-#: Spellings from the spec this project implements, accepted in settings.
-COORDINATION_ALIASES = {"advisoryLock": "advisory_lock", "wonLock": "advisory_lock"}
-
 
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything voltro_beat reads from the Celery config and the environment."""
 
     store_url: str
-    coordination: str
+    coordination: Coordination
     max_lateness: timedelta
     replica: str
     claims_ttl: timedelta
@@ -64,7 +61,7 @@ class Settings:
             coordination=get(
                 "voltro_beat_coordination",
                 "VOLTRO_BEAT_COORDINATION",
-                "advisory_lock",
+                Coordination.ADVISORY_LOCK,
                 _coordination,
             ),
             max_lateness=get(
@@ -113,7 +110,7 @@ class Settings:
                 field="voltro_beat_publish_timeout",
             )
         if settings.runs_ttl <= settings.max_lateness:
-            # The run row is the long fence (invariant 6): it must outlive every occurrence
+            # The run row is the long fence (guarantee 6): it must outlive every occurrence
             # that could still be published.
             raise ConfigurationError(
                 f"the runs retention ({settings.runs_ttl}) must be longer than "
@@ -129,19 +126,19 @@ def _text(key: str, value: Any) -> str:
     return value.strip()
 
 
-def _coordination(key: str, value: Any) -> str:
-    name = COORDINATION_ALIASES.get(value, value)
-    if name == "cluster":
+def _coordination(key: str, value: Any) -> Coordination:
+    if value == "cluster":
         raise ConfigurationError(
             "coordination 'cluster' is not available yet; use 'advisory_lock' or 'single'",
             field=key,
         )
-    if name not in COORDINATIONS:
+    try:
+        return ALIASES.get(str(value)) or Coordination(value)
+    except ValueError:
         raise ConfigurationError(
             f"unknown coordination {value!r}; expected one of 'advisory_lock', 'single'",
             field=key,
-        )
-    return str(name)
+        ) from None
 
 
 def _duration(key: str, value: Any) -> timedelta:

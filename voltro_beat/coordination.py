@@ -1,52 +1,34 @@
-"""The coordination gate: which due occurrences this replica may publish.
+"""The coordination gate: how the replicas decide which of them publishes an occurrence.
 
-``advisory_lock`` (the default on every SQL store) sends each key through the claims table:
-only the replica whose INSERT went in publishes. ``single`` trusts that one beat runs and
-skips the claims table; its run rows are still the last fence. A store that cannot be shared
-(``memory://``) always runs ``single``.
+``advisory_lock`` (the default) sends each key through the claims table: only the replica
+whose INSERT went in publishes (guarantee 2). ``single`` trusts that one beat runs and skips
+the claims table; its run rows are still the last fence (guarantee 4). Each mode names the
+``coordination_outcome`` its run rows carry.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
-
-from voltro_beat.store import Occurrence, Store
-
-logger = logging.getLogger(__name__)
-
-#: The outcome recorded on each run row, by coordination mode.
-OUTCOMES = {"single": "single", "advisory_lock": "won_lock"}
+from enum import StrEnum
 
 
-@dataclass(frozen=True, slots=True)
-class Gate:
-    """A coordination mode bound to a store."""
+class Coordination(StrEnum):
+    """A coordination mode (``voltro_beat_coordination``)."""
 
-    mode: str
-    store: Store
+    SINGLE = "single"
+    ADVISORY_LOCK = "advisory_lock"
+
+    @property
+    def claims(self) -> bool:
+        """Whether occurrences go through the claims table before their run row."""
+        return self is not Coordination.SINGLE
 
     @property
     def outcome(self) -> str:
-        return OUTCOMES[self.mode]
-
-    def admit(self, occurrences: Sequence[Occurrence], *, now: datetime) -> set[str]:
-        """Record ``occurrences`` and return the keys this replica won."""
-        return self.store.claim(
-            occurrences, outcome=self.outcome, gate=self.mode != "single", now=now
-        )
+        """The ``coordination_outcome`` of the run rows this mode records."""
+        return _OUTCOMES[self]
 
 
-def gate_for(mode: str, store: Store) -> Gate:
-    """The gate for ``mode`` on ``store``, falling back to ``single`` where nothing is shared."""
-    if mode != "single" and not store.shared:
-        logger.warning(
-            "voltro_beat: coordination %r needs a shared store; %s is private to this "
-            "process, so running as 'single': start only one beat",
-            mode,
-            store.display_url,
-        )
-        mode = "single"
-    return Gate(mode, store)
+_OUTCOMES = {Coordination.SINGLE: "single", Coordination.ADVISORY_LOCK: "won_lock"}
+
+#: Spellings from the specification this project implements, accepted in settings.
+ALIASES = {"advisoryLock": Coordination.ADVISORY_LOCK, "wonLock": Coordination.ADVISORY_LOCK}

@@ -28,3 +28,15 @@ class ConfigurationError(VoltroBeatError):
 
 class StoreError(VoltroBeatError):
     """The store (database) failed; the driver's error is chained as ``__cause__``."""
+
+
+class NaiveDatetimeError(VoltroBeatError, ValueError):
+    """A naive datetime was given where an aware instant is required (guarantee 8)."""
+
+
+class PublishError(VoltroBeatError):
+    """The broker did not take every message; the first ``confirmed`` ones were sent."""
+
+    def __init__(self, message: str, *, confirmed: int) -> None:
+        super().__init__(message)
+        self.confirmed = confirmed

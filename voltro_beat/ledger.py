@@ -27,26 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-CLAIMED = "claimed"
-PUBLISHED = "published"
-STARTED = "started"
-RETRYING = "retrying"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-REVOKED = "revoked"
-REJECTED = "rejected"
-MISSED = "missed"
-SKIPPED = "skipped"
-QUEUED = "queued"
-
-#: Statuses no event ever leaves.
-TERMINAL = frozenset({SUCCEEDED, FAILED, REVOKED, REJECTED, MISSED, SKIPPED})
-#: Statuses a worker event may move a row from, whatever attempt it belongs to.
-BEFORE_START = frozenset({CLAIMED, PUBLISHED})
-#: Statuses of a run some attempt of which is (or was) on a worker.
-RUNNING = frozenset({STARTED, RETRYING})
-#: Every status a worker event may move a row from.
-LIVE = BEFORE_START | RUNNING
+from voltro_beat.status import BEFORE_START, IN_FLIGHT, ON_WORKER, TERMINAL, Status
 
 #: Longest ``error`` / ``reason`` text written to a run row (exception messages can be huge).
 MAX_TEXT = 1000
@@ -67,13 +48,15 @@ class Event(StrEnum):
 
 
 class Stamp(StrEnum):
-    """Which columns a transition writes besides ``status``."""
+    """Which columns a transition writes besides ``status`` (``retries`` as
+    :meth:`Transition.retries_written` says)."""
 
-    #: ``started_at``, ``worker``, ``retries = attempt``.
+    #: ``started_at``, ``worker``.
     START = "start"
-    #: ``retries = attempt + 1``, ``reason``.
+    #: ``reason``.
     RETRY = "retry"
-    #: ``finished_at``, ``duration``, ``error``, ``reason``.
+    #: ``finished_at``, ``duration``, ``error``, ``reason``; ``started_at`` and ``worker``
+    #: only where none was recorded.
     FINISH = "finish"
 
 
@@ -86,10 +69,10 @@ class Transition:
     """
 
     event: Event
-    status: str
+    status: Status
     stamp: Stamp
-    from_statuses: frozenset[str]
-    attempt_statuses: frozenset[str] = frozenset()
+    from_statuses: frozenset[Status]
+    attempt_statuses: frozenset[Status] = frozenset()
 
     def allows(self, state: RunState, attempt: int = 0) -> bool:
         """Whether a row in ``state`` moves when this event of ``attempt`` arrives."""
@@ -97,33 +80,44 @@ class Transition:
             return True
         return state.status in self.attempt_statuses and state.retries <= attempt
 
-    def retries_after(self, state: RunState, attempt: int) -> int:
-        """The row's ``retries`` once this event of ``attempt`` moved it."""
+    def retries_written(self, attempt: int) -> int | None:
+        """The ``retries`` this event of ``attempt`` writes (None: the row keeps its own).
+
+        ``retries`` is Celery's attempt number: a start records its attempt, a retry the
+        attempt that comes next.
+        """
         if self.stamp is Stamp.START:
             return attempt
         if self.stamp is Stamp.RETRY:
             return attempt + 1
-        return state.retries
+        return None
+
+    def retries_after(self, state: RunState, attempt: int) -> int:
+        """The row's ``retries`` once this event of ``attempt`` moved it."""
+        written = self.retries_written(attempt)
+        return state.retries if written is None else written
 
 
-def _finish(event: Event, status: str) -> Transition:
+def _finish(event: Event, status: Status) -> Transition:
     # A terminal event ends the run whatever attempt reported it: Celery sends no terminal
     # event for an attempt it then runs again (a requeue is silent), so there is no stale one.
-    return Transition(event, status, Stamp.FINISH, LIVE)
+    return Transition(event, status, Stamp.FINISH, IN_FLIGHT)
 
 
 #: Every event's transition.
 TRANSITIONS: Mapping[Event, Transition] = {
-    Event.STARTED: Transition(Event.STARTED, STARTED, Stamp.START, BEFORE_START, RUNNING),
-    Event.RETRYING: Transition(Event.RETRYING, RETRYING, Stamp.RETRY, BEFORE_START, RUNNING),
-    Event.SUCCEEDED: _finish(Event.SUCCEEDED, SUCCEEDED),
-    Event.FAILED: _finish(Event.FAILED, FAILED),
-    Event.REVOKED: _finish(Event.REVOKED, REVOKED),
-    Event.REJECTED: _finish(Event.REJECTED, REJECTED),
+    Event.STARTED: Transition(Event.STARTED, Status.STARTED, Stamp.START, BEFORE_START, ON_WORKER),
+    Event.RETRYING: Transition(
+        Event.RETRYING, Status.RETRYING, Stamp.RETRY, BEFORE_START, ON_WORKER
+    ),
+    Event.SUCCEEDED: _finish(Event.SUCCEEDED, Status.SUCCEEDED),
+    Event.FAILED: _finish(Event.FAILED, Status.FAILED),
+    Event.REVOKED: _finish(Event.REVOKED, Status.REVOKED),
+    Event.REJECTED: _finish(Event.REJECTED, Status.REJECTED),
     # The main-process failure paths are failures like any other; the row's error says which.
-    Event.WORKER_LOST: _finish(Event.WORKER_LOST, FAILED),
-    Event.TIME_LIMIT: _finish(Event.TIME_LIMIT, FAILED),
-    Event.UNKNOWN_TASK: _finish(Event.UNKNOWN_TASK, FAILED),
+    Event.WORKER_LOST: _finish(Event.WORKER_LOST, Status.FAILED),
+    Event.TIME_LIMIT: _finish(Event.TIME_LIMIT, Status.FAILED),
+    Event.UNKNOWN_TASK: _finish(Event.UNKNOWN_TASK, Status.FAILED),
 }
 
 
@@ -131,7 +125,7 @@ TRANSITIONS: Mapping[Event, Transition] = {
 class RunState:
     """The part of a run row the state machine reads: its status and attempt number."""
 
-    status: str
+    status: Status
     retries: int = 0
 
 
@@ -160,13 +154,13 @@ def progress(state: RunState) -> int:
     """
     if state.status in TERMINAL:
         return 2**62
-    if state.status == CLAIMED:
+    if state.status == Status.CLAIMED:
         return 0
-    if state.status == PUBLISHED:
+    if state.status == Status.PUBLISHED:
         return 1
-    if state.status == STARTED:
+    if state.status == Status.STARTED:
         return 2 * state.retries + 3
-    if state.status == RETRYING:
+    if state.status == Status.RETRYING:
         return 2 * state.retries + 2
     # ``queued`` has not been published: before everything a worker reports.
     return -1

@@ -1,63 +1,93 @@
-"""Occurrence maths: the UTC instants at which a schedule fires, and each occurrence's key.
+"""Occurrence maths and identity: the UTC instants at which a schedule fires, and what names
+one occurrence on every replica (its key, its task id, its record).
 
 Pure functions of their arguments: no I/O, no clock reads, no Celery or SQLAlchemy. Every
-replica therefore computes the same instants, and the same keys, for the same schedule.
-
-Cron expressions are evaluated on naive wall-clock times in the spec's zone, as croniter's
-``get_next`` evaluates them: plain ones from croniter's expanded fields
-(:meth:`voltro_beat.schedules.CronFields.following`, far cheaper than croniter's own search),
-the rest by croniter itself. This module maps each wall time to real instants with Debian
-cron's DST rule:
-
-* a wall time that does not exist (spring-forward gap): a fixed-time job runs once, at the
-  first instant after the gap; a wildcard job (minute or hour field starting with ``*``)
-  skips it;
-* a wall time that occurs twice (fall-back): a fixed-time job runs once, on the first pass;
-  a wildcard job runs on both passes.
+replica therefore computes the same instants, keys and task ids for the same schedule
+(guarantees 1 and 7 in docs/guarantees.md). Cron expressions are the business of
+:mod:`voltro_beat.cron`; intervals, one-offs and solar events are computed here.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
-from datetime import UTC, date, datetime, timedelta
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from functools import lru_cache
-from zoneinfo import ZoneInfo
 
-from croniter import croniter
-
-from voltro_beat.exceptions import VoltroBeatError
+from voltro_beat import cron
+from voltro_beat.cron import DAY, EPOCH, MICROSECOND, CronSpec
+from voltro_beat.exceptions import NaiveDatetimeError
 from voltro_beat.schedules import (
-    CRON_REFERENCE,
     SOLAR_EVENTS,
     SPEC_TYPES,
     ClockedSpec,
-    CronFields,
-    CronSpec,
     IntervalSpec,
     SolarSpec,
     Spec,
     check_name,
-    cron_fields,
     to_spec,
 )
+from voltro_beat.status import Status
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
-_SECOND = timedelta(seconds=1)
-_DAY = timedelta(days=1)
 # Like Celery's solar.max_search_days: a polar event absent for a whole year never comes.
 _SOLAR_SEARCH_DAYS = 366
-# Bounds the per-thread cron state (see _CronState) for processes that build schedules
-# dynamically; an app has a few hundred distinct cron specs even with 100,000 entries.
-_CRON_CACHE_SIZE = 65536
-# croniter's own search horizon. Walking past DST gaps needs one too: a wildcard job whose
-# every match is skipped (02:xx on the last Sunday of March, in Berlin) never fires.
-_CRON_HORIZON = timedelta(days=50 * 366)
+
+#: Fixed forever: task ids are uuid5(NAMESPACE, occurrence key) on every replica (guarantee 7).
+NAMESPACE = uuid.UUID("5d3b9c1e-8f0a-5b6e-9a57-766f6c74726f")
 
 
-class NaiveDatetimeError(VoltroBeatError, ValueError):
-    """A naive datetime was given where an aware instant is required."""
+@dataclass(frozen=True, slots=True)
+class Occurrence:
+    """One occurrence of a schedule, and its run as beat records or reads it.
+
+    ``key`` and ``task_id`` derive from ``schedule`` and ``scheduled_at`` (see :meth:`of`).
+    ``status`` is the run's status: to record (``claimed`` for an occurrence to publish, or
+    ``missed`` / ``skipped`` / ``queued`` with a ``reason``), or as read back from its row.
+    ``since``, on rows read back, is when the run last moved: started, else published, else
+    claimed.
+    """
+
+    key: str
+    schedule: str
+    task: str
+    task_id: str
+    scheduled_at: datetime
+    status: Status = Status.CLAIMED
+    reason: str | None = None
+    since: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.scheduled_at.utcoffset() is None:
+            raise NaiveDatetimeError(f"{self.key}: scheduled_at must be an aware datetime")
+
+    @classmethod
+    def of(
+        cls,
+        schedule: str,
+        task: str,
+        scheduled_at: datetime,
+        status: Status = Status.CLAIMED,
+        reason: str | None = None,
+    ) -> Occurrence:
+        """The occurrence of ``schedule`` at ``scheduled_at``, with its key and task id."""
+        key = occurrence_key(schedule, scheduled_at)
+        return cls(key, schedule, task, task_id_for(key), scheduled_at, status, reason)
+
+
+def occurrence_key(name: str, scheduled_at: datetime) -> str:
+    """Return ``name@YYYY-MM-DDTHH:MM:SS`` (UTC), plus ``.mmm`` for a sub-second instant."""
+    check_name(name)
+    _require_aware(scheduled_at, "scheduled_at")
+    utc = scheduled_at.astimezone(UTC)
+    if utc.microsecond:
+        return f"{name}@{utc:%Y-%m-%dT%H:%M:%S}.{utc.microsecond // 1000:03d}"
+    return f"{name}@{utc:%Y-%m-%dT%H:%M:%S}"
+
+
+def task_id_for(key: str) -> str:
+    """The task id of the occurrence ``key``: the same on every replica and every republish."""
+    return str(uuid.uuid5(NAMESPACE, key))
 
 
 def next_after(schedule: object, after: datetime, *, tz: str | None = None) -> datetime | None:
@@ -83,16 +113,6 @@ def occurrences_between(
     return _between(_spec(schedule, tz), start, end)
 
 
-def occurrence_key(name: str, scheduled_at: datetime) -> str:
-    """Return ``name@YYYY-MM-DDTHH:MM:SS`` (UTC), plus ``.mmm`` for a sub-second instant."""
-    check_name(name)
-    _require_aware(scheduled_at, "scheduled_at")
-    utc = scheduled_at.astimezone(UTC)
-    if utc.microsecond:
-        return f"{name}@{utc:%Y-%m-%dT%H:%M:%S}.{utc.microsecond // 1000:03d}"
-    return f"{name}@{utc:%Y-%m-%dT%H:%M:%S}"
-
-
 def _require_aware(value: datetime, what: str) -> None:
     if value.utcoffset() is None:
         raise NaiveDatetimeError(f"{what} must be timezone-aware, got naive {value.isoformat()}")
@@ -104,7 +124,7 @@ def _spec(schedule: object, tz: str | None) -> Spec:
 
 def _between(spec: Spec, start: datetime, end: datetime) -> Iterator[datetime]:
     # Instants are whole microseconds, so "strictly after start - 1 us" is "at or after start".
-    current = _next(spec, start - _US)
+    current = _next(spec, start - MICROSECOND)
     while current is not None and current < end:
         yield current
         current = _next(spec, current)
@@ -112,188 +132,16 @@ def _between(spec: Spec, start: datetime, end: datetime) -> Iterator[datetime]:
 
 def _next(spec: Spec, after: datetime) -> datetime | None:
     if isinstance(spec, CronSpec):
-        return _cron_next(spec, after)
+        return cron.next_instant(spec, after)
     if isinstance(spec, IntervalSpec):
         # Integer arithmetic on the anchored grid: the same instants whatever `after` is.
-        elapsed = (after - _EPOCH) // _US - spec.anchor_us
-        return _EPOCH + _US * (spec.anchor_us + (elapsed // spec.every_us + 1) * spec.every_us)
+        elapsed = (after - EPOCH) // MICROSECOND - spec.anchor_us
+        return EPOCH + MICROSECOND * (
+            spec.anchor_us + (elapsed // spec.every_us + 1) * spec.every_us
+        )
     if isinstance(spec, ClockedSpec):
         return spec.at if spec.at > after else None
     return _solar_next(spec, after)
-
-
-# --- cron -------------------------------------------------------------------------------
-
-
-class _CronState:
-    """What one thread keeps per cron spec.
-
-    The last question and its answer: every entry sharing a spec asks the same question at
-    the same instant (100,000 entries on one crontab cost one search per minute). The croniter
-    object for expressions that are not plain, built on first use; it keeps its position in
-    mutable state, hence one per thread.
-    """
-
-    __slots__ = ("after", "croniter", "fields", "result", "spec", "zone")
-
-    def __init__(self, spec: CronSpec) -> None:
-        self.spec = spec
-        self.zone = ZoneInfo(spec.tz)
-        self.fields: CronFields | None = cron_fields(spec)
-        self.croniter: croniter | None = None
-        self.after: datetime | None = None  # in UTC: equal only for the same instant
-        self.result: datetime | None = None
-
-    def step(self, wall: datetime) -> datetime:
-        """The first matching wall time after the naive ``wall``: croniter's ``get_next``."""
-        if self.fields is not None:
-            found = self.fields.following(wall)
-            if found is not None:
-                return found
-        it = self.croniter
-        if it is None:
-            spec = self.spec
-            it = self.croniter = croniter(
-                spec.expr,
-                CRON_REFERENCE,
-                day_or=spec.day_or,
-                second_at_beginning=spec.second_at_beginning,
-            )
-        following: datetime = it.get_next(datetime, start_time=wall)
-        return following
-
-
-class _CronCache(threading.local):
-    """Per thread: the state of each cron spec (see :class:`_CronState`)."""
-
-    def __init__(self) -> None:
-        self.iters: dict[CronSpec, _CronState] = {}
-
-
-_cron_cache = _CronCache()
-
-
-def _cron_state(spec: CronSpec) -> _CronState:
-    states = _cron_cache.iters
-    state = states.get(spec)
-    if state is None:
-        if len(states) >= _CRON_CACHE_SIZE:
-            states.clear()
-        state = states[spec] = _CronState(spec)
-    return state
-
-
-def _cron_next(spec: CronSpec, after: datetime) -> datetime | None:
-    state = _cron_state(spec)
-    # Keyed by the UTC instant: aware datetimes in one zone compare by wall time, so two
-    # passes of a repeated hour would look equal.
-    key = after if after.tzinfo is UTC else after.astimezone(UTC)
-    if key == state.after:
-        return state.result
-    result = _cron_search(spec, state, after)
-    state.after, state.result = key, result
-    return result
-
-
-def _cron_search(spec: CronSpec, state: _CronState, after: datetime) -> datetime | None:
-    zone = state.zone
-    step = state.step
-    local = after.astimezone(zone)
-    # croniter gets whole seconds (it converts through float timestamps); every cron match is
-    # a whole second, so "after the floor" equals "after the instant".
-    wall = local.replace(tzinfo=None, microsecond=0)
-    other_pass = local.replace(fold=1 - local.fold)
-    if local.utcoffset() == other_pass.utcoffset():
-        # The common case: `after` is not inside a repeated (fall-back) hour.
-        return _first_primary(spec, step, zone, wall, after)
-    return _cron_next_in_repeat(spec, step, zone, local, other_pass, wall, after)
-
-
-_WallStep = Callable[[datetime], datetime]
-
-
-def _cron_next_in_repeat(
-    spec: CronSpec,
-    step: _WallStep,
-    zone: ZoneInfo,
-    local: datetime,
-    other_pass: datetime,
-    wall: datetime,
-    after: datetime,
-) -> datetime | None:
-    """Next occurrence when ``after`` lies in one of the two passes of a repeated hour."""
-    first_pass, second_pass = (local, other_pass) if local.fold == 0 else (other_pass, local)
-    change = _transition(zone, first_pass.astimezone(UTC), second_pass.astimezone(UTC))
-    late_offset = second_pass.utcoffset()
-    early_offset = first_pass.utcoffset()
-    assert late_offset is not None and early_offset is not None
-    # Wall times in [repeat_start, repeat_end) happen twice: before and after `change`.
-    repeat_start = (change + late_offset).replace(tzinfo=None)
-    repeat_end = (change + early_offset).replace(tzinfo=None)
-    if local.fold == 0:
-        result = _first_primary(spec, step, zone, wall, after)
-        second_from = repeat_start - _SECOND  # the whole second pass is still ahead
-    else:
-        # First-pass instants of the repeated wall times are all behind us: resume after them.
-        result = _first_primary(spec, step, zone, repeat_end - _SECOND, after)
-        second_from = wall
-    if spec.wildcard:
-        repeat = step(second_from)
-        if repeat < repeat_end:
-            second = (repeat - late_offset).replace(tzinfo=UTC)
-            result = second if result is None else min(result, second)
-    return result
-
-
-def _first_primary(
-    spec: CronSpec, step: _WallStep, zone: ZoneInfo, wall: datetime, after: datetime
-) -> datetime | None:
-    """First primary instant (see :func:`_primary`) after ``after``, walking from ``wall``.
-
-    Primary instants never decrease as wall time advances, so the first one past ``after`` is
-    the smallest.
-    """
-    limit = wall + _CRON_HORIZON
-    while wall < limit:
-        wall = step(wall)
-        instant = _primary(spec, zone, wall)
-        if instant is not None and instant > after:
-            return instant
-    return None
-
-
-def _primary(spec: CronSpec, zone: ZoneInfo, wall: datetime) -> datetime | None:
-    """The instant a matching wall time stands for, before second passes are added.
-
-    Normal: its one instant. Repeated: its first pass. Skipped by spring-forward: the end of
-    the gap for a fixed-time job, nothing for a wildcard job.
-    """
-    aware = wall.replace(tzinfo=zone)
-    early = aware.utcoffset()
-    late = aware.replace(fold=1).utcoffset()
-    assert early is not None and late is not None
-    if early >= late:  # equal: an ordinary wall time; greater: the first of two passes
-        return (wall - early).replace(tzinfo=UTC)
-    if spec.wildcard:
-        return None
-    # In a gap fold=0 reads the wall time with the offset before the change, fold=1 after it,
-    # so the change lies between the two readings.
-    return _transition(zone, (wall - late).replace(tzinfo=UTC), (wall - early).replace(tzinfo=UTC))
-
-
-def _transition(zone: ZoneInfo, before: datetime, after: datetime) -> datetime:
-    """First instant in ``(before, after]`` with ``after``'s UTC offset (a whole second)."""
-    offset = after.astimezone(zone).utcoffset()
-    # Whole-second bounds, so the bisection lands exactly on the change.
-    low = before.replace(microsecond=0)
-    high = after if not after.microsecond else after.replace(microsecond=0) + _SECOND
-    while high - low > _SECOND:
-        middle = low + (high - low) // _SECOND // 2 * _SECOND
-        if middle.astimezone(zone).utcoffset() == offset:
-            high = middle
-        else:
-            low = middle
-    return high
 
 
 # --- solar ------------------------------------------------------------------------------
@@ -302,12 +150,12 @@ def _transition(zone: ZoneInfo, before: datetime, after: datetime) -> datetime:
 def _solar_next(spec: SolarSpec, after: datetime) -> datetime | None:
     # The event computed from one day's start may fall on the next day, so begin a day early;
     # one from two days before is always over by `after`'s day.
-    day = after.astimezone(UTC).date() - _DAY
+    day = after.astimezone(UTC).date() - DAY
     for _ in range(_SOLAR_SEARCH_DAYS):
         instant = _solar_event(spec, day)
         if instant is not None and instant > after:
             return instant
-        day += _DAY
+        day += DAY
     return None
 
 

@@ -1,21 +1,22 @@
 """Won occurrence -> broker message, with a deterministic task id and voltro headers.
 
-Celery's ``apply_async``/``send_task`` costs about half a millisecond per message (option
-merging, routing, building the message, declaring the queue), which is what makes Celery's
-own beat fall behind at a few thousand schedules. The message of one schedule differs from
-one occurrence to the next only in its task id and occurrence key, so the publisher runs
-Celery's own send path **once per schedule** against a recording producer, keeps the exact
-``Producer.publish`` call it would have made, and replays it for each occurrence with the ids
-patched in. Entries whose message depends on the publish time (``expires``, ``countdown``,
-``eta``) and apps that listen to the publish signals go through Celery's full path every time.
+Celery's ``apply_async``/``send_task`` does a lot of work per message (option merging,
+routing, building the message, declaring the queue), which is what makes Celery's own beat
+fall behind at a few thousand schedules (``python -m bench.publish`` measures it). The
+message of one schedule differs from one occurrence to the next only in its task id and
+occurrence key, so the publisher runs Celery's own send path **once per schedule** against a
+recording producer, keeps the exact ``Producer.publish`` call it would have made, and replays
+it for each occurrence with the ids patched in. Entries whose message depends on the publish
+time (``expires``, ``countdown``, ``eta``) and apps that listen to the publish signals go
+through Celery's full path every time.
 
 Even the replay costs kombu's per-message path (message preparation, routing, body encoding,
-delivery tag, retry wrappers: a few hundred microseconds). On kombu's Redis transport the
-publisher therefore also lets kombu build the final Redis payload once per schedule (caught at
-the channel's ``_put``, rendered by kombu's own ``dumps``); per occurrence it only splices the
-task id, the key and a fresh delivery tag into that text, and LPUSHes everything on one
-pipeline. Whatever that capture cannot reproduce exactly (fanout, several bound queues, queue
-expiry, redis-py retries, other transports) keeps the replay.
+delivery tag, retry wrappers). On kombu's Redis transport the publisher therefore also lets
+kombu build the final Redis payload once per schedule (caught at the channel's ``_put``,
+rendered by kombu's own ``dumps``); per occurrence it only splices the task id, the key and a
+fresh delivery tag into that text, and LPUSHes everything on one pipeline. Whatever that
+capture cannot reproduce exactly (fanout, several bound queues, queue expiry, redis-py
+retries, other transports) keeps the replay.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from celery import Celery, signals
 from kombu import Connection, Producer
 from kombu.transport import redis as kombu_redis
 
-from voltro_beat.exceptions import VoltroBeatError
+from voltro_beat.exceptions import PublishError
 
 if TYPE_CHECKING:
     from voltro_beat.schedules import Entry
@@ -55,13 +56,10 @@ _VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 
 
 def uuid4_str(raw: bytes) -> str:
-    """``str(uuid.UUID(bytes=raw, version=4))`` without building the object (3x cheaper)."""
+    """``str(uuid.UUID(bytes=raw, version=4))`` without building the object."""
     h = raw.hex()
     return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
 
-
-#: Fixed forever: task ids are uuid5(NAMESPACE, occurrence key) on every replica (invariant 7).
-NAMESPACE = uuid.UUID("5d3b9c1e-8f0a-5b6e-9a57-766f6c74726f")
 
 #: Bounded so that a broker outage cannot stall the tick: one quick reconnect, then give up
 #: and leave the run ``claimed`` for the recovery sweep.
@@ -69,19 +67,6 @@ RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "in
 
 #: Options whose value Celery resolves against the clock at send time.
 TIME_RELATIVE = ("expires", "countdown", "eta")
-
-
-class PublishError(VoltroBeatError):
-    """The broker did not take every message; the first ``confirmed`` ones were sent."""
-
-    def __init__(self, message: str, *, confirmed: int) -> None:
-        super().__init__(message)
-        self.confirmed = confirmed
-
-
-def task_id_for(key: str) -> str:
-    """The task id of the occurrence ``key``: the same on every replica and every republish."""
-    return str(uuid.uuid5(NAMESPACE, key))
 
 
 class _Recorder(Producer):
@@ -181,7 +166,7 @@ class _RedisPush(NamedTuple):
 class _Template(NamedTuple):
     """A schedule's recorded ``Producer.publish`` call, replayed where no payload was captured.
 
-    A captured :class:`_RedisPush` replaces it (about a third of its memory).
+    A captured :class:`_RedisPush` replaces it (it holds only the payload's text).
     """
 
     body: Any

@@ -21,16 +21,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import beat
-from celery.schedules import crontab
 
 from voltro_beat import catchup, overlap
 from voltro_beat.config import Settings
-from voltro_beat.coordination import Gate, gate_for
-from voltro_beat.exceptions import ConfigurationError, StoreError
-from voltro_beat.occurrences import next_after, occurrence_key
-from voltro_beat.publisher import Publisher, PublishError, task_id_for
+from voltro_beat.exceptions import ConfigurationError, PublishError, StoreError
+from voltro_beat.occurrences import Occurrence, next_after
+from voltro_beat.publisher import Publisher
 from voltro_beat.schedules import Entry, cadence, parse_entries
-from voltro_beat.store import Occurrence, PendingRun, Store, open_store
+from voltro_beat.status import Reason, Status
+from voltro_beat.store.beat import BeatStore
+from voltro_beat.store.database import Database
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,8 @@ BATCH = 100_000
 PUBLISH_CHUNK = 1000
 #: How far ahead of its instant an occurrence is claimed: LEAD_MIN, plus CLAIM_COST per
 #: schedule, so that a burst of every schedule at once is claimed before its boundary.
-#: Building and claiming an occurrence costs about 120 µs of one replica on PostgreSQL (bench/);
-#: three replicas claiming the same burst on two cores take about twice that.
+#: CLAIM_COST leaves room for three replicas claiming one burst on two cores
+#: (``python -m bench --workloads burst`` measures the claim time in its logs).
 LEAD_MIN = timedelta(milliseconds=250)
 CLAIM_COST = timedelta(microseconds=300)
 LEAD_MAX = timedelta(seconds=30)
@@ -82,18 +82,17 @@ class _Due:
         self.pending = pending
 
 
-class Scheduler(beat.Scheduler):
+class VoltroScheduler(beat.Scheduler):
     """Active-active beat scheduler: every occurrence claimed in the store, published once."""
 
     _settings: Settings
     _entries: dict[str, Entry]
     #: Per schedule: claims older than this much before a won occurrence are pruned.
-    _graces: dict[str, timedelta | None]
+    _graces: dict[str, timedelta]
     #: Per ``skip`` / ``queue`` schedule: how long a live run blocks the next one.
     _overlap_timeouts: dict[str, timedelta]
     _queue_policy: list[str]
-    _store: Store
-    _gate: Gate
+    _store: BeatStore
     _publisher: Publisher
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
@@ -108,6 +107,8 @@ class Scheduler(beat.Scheduler):
         self._lead = LEAD_MIN
         self._seq = itertools.count()
         self._store_down_since: datetime | None = None
+        #: The entries Celery's ``install_default_entries`` adds (see ``update_from_dict``).
+        self._default_entries: dict[str, Mapping[str, Any]] = {}
         self._broker_down = False
         #: Published, but the store failed before they were marked: retried first thing.
         self._unmarked: list[str] = []
@@ -131,7 +132,7 @@ class Scheduler(beat.Scheduler):
             "voltro_beat: replica %s, store %s, coordination %s, %d schedules",
             self._settings.replica,
             self._store.display_url,
-            self._gate.mode,
+            self._settings.coordination,
             len(self._entries),
         )
 
@@ -151,10 +152,12 @@ class Scheduler(beat.Scheduler):
                     entry=entry.name,
                     field="max_lateness",
                 )
-        store = open_store(settings.store_url, replica=settings.replica)
+        store = BeatStore(Database.open(settings.store_url), replica=settings.replica)
         self._settings = settings
         self._entries = {entry.name: entry for entry in entries}
-        self._graces = {entry.name: _grace(entry) for entry in entries}
+        self._graces = {
+            entry.name: grace for entry in entries if (grace := _grace(entry)) is not None
+        }
         self._overlap_timeouts = {
             entry.name: self._overlap_timeout(entry)
             for entry in entries
@@ -164,7 +167,6 @@ class Scheduler(beat.Scheduler):
         ahead = len(entries) - len(self._overlap_timeouts)
         self._lead = min(LEAD_MAX, LEAD_MIN + CLAIM_COST * ahead)
         self._store = store
-        self._gate = gate_for(settings.coordination, store)
         self._publisher = Publisher(self.app)
         self._configured = True
 
@@ -177,27 +179,23 @@ class Scheduler(beat.Scheduler):
         return timedelta(seconds=limit) if limit else DEFAULT_OVERLAP_TIMEOUT
 
     def _beat_schedule(self) -> Mapping[str, Mapping[str, Any]]:
+        """The app's ``beat_schedule`` plus the entries Celery's own beat adds to it."""
         schedule = dict(self.app.conf.beat_schedule or {})
-        # Celery's own beat adds this entry when results need cleaning up; so do we.
-        conf = self.app.conf
-        if (
-            conf.result_expires
-            and not self.app.backend.supports_autoexpire
-            and "celery.backend_cleanup" not in schedule
-        ):
-            schedule["celery.backend_cleanup"] = {
-                "task": "celery.backend_cleanup",
-                "schedule": crontab("0", "4", "*"),
-                "options": {"expires": 12 * 3600},
-            }
-        return schedule
+        self.install_default_entries(schedule)
+        return {**self._default_entries, **schedule}
+
+    def update_from_dict(self, dict_: Mapping[str, Mapping[str, Any]]) -> None:
+        """Where Celery's ``install_default_entries`` hands its entries (``backend_cleanup``
+        when results need cleaning up): kept as entries like the app's own."""
+        self._default_entries.update(dict_)
 
     @property
     def info(self) -> str:
         """The banner's scheduler line (built without I/O)."""
         self._configure()
         return (
-            f"voltro_beat: store {self._store.display_url}, coordination {self._gate.mode}, "
+            f"voltro_beat: store {self._store.display_url}, "
+            f"coordination {self._settings.coordination}, "
             f"replica {self._settings.replica}, {len(self._entries)} schedules"
         )
 
@@ -255,13 +253,13 @@ class Scheduler(beat.Scheduler):
     def _boot(self, now: datetime) -> None:
         """Upgrade the schema, record catch-up per entry, and fill the heap."""
         if self._settings.migrate:
-            self._store.upgrade()
+            self._store.database.upgrade()
         entries = list(self._entries.values())
         last = self._store.last_scheduled([e.name for e in entries])
         backfill = [
-            self._occurrence(entry, fill.at, now, fill.status, fill.reason)
+            occurrence
             for entry in entries
-            for fill in catchup.plan(entry, last.get(entry.name), now)
+            for occurrence in catchup.plan(entry, last.get(entry.name), now)
         ]
         self._record(backfill, now)
         for entry in entries:
@@ -332,13 +330,13 @@ class Scheduler(beat.Scheduler):
         decided = []
         for o in sorted(occurrences, key=lambda o: o.scheduled_at):
             entry = self._entries[o.schedule]
-            if entry.on_overlap == "allow" or o.status != "claimed":
+            if entry.on_overlap == "allow" or o.status != Status.CLAIMED:
                 decided.append(o)
                 continue
             status, reason = overlap.decide(entry.on_overlap, o.scheduled_at, views[o.schedule])
-            if status == "claimed":
+            if status == Status.CLAIMED:
                 # Whatever of this schedule follows in the same tick waits behind this one.
-                run = overlap.LiveRun(o.key, o.schedule, status, o.scheduled_at, now)
+                run = replace(o, since=now)
                 views[o.schedule] = overlap.with_claimed(views[o.schedule], run)
             decided.append(replace(o, status=status, reason=reason))
         return decided
@@ -346,7 +344,7 @@ class Scheduler(beat.Scheduler):
     def _live_views(self, names: list[str], now: datetime) -> dict[str, overlap.View]:
         """Each schedule's live runs; stale ones are marked in their rows on the way."""
         since = now - max(self._live_window(n) for n in names)
-        live: dict[str, list[overlap.LiveRun]] = {name: [] for name in names}
+        live: dict[str, list[Occurrence]] = {name: [] for name in names}
         for run in self._store.live_runs(names, since=since):
             live[run.schedule].append(run)
         views = {
@@ -379,38 +377,22 @@ class Scheduler(beat.Scheduler):
                 continue
             entry = self._entries[name]
             if now - run.scheduled_at > entry.max_lateness:
-                self._store.mark_missed([run.key], reason="late", waiting=overlap.QUEUED)
+                self._store.mark_missed([run.key], reason=Reason.LATE, waiting=Status.QUEUED)
             elif self._store.promote(run.key, now=now):
-                self._publish_and_mark(
-                    [PendingRun(run.key, name, task_id_for(run.key), run.scheduled_at)]
-                )
+                self._publish_and_mark([run])
 
-    def _occurrence(
-        self,
-        entry: Entry,
-        at: datetime,
-        now: datetime,
-        status: str = "claimed",
-        reason: str | None = None,
-    ) -> Occurrence:
-        if status == "claimed" and now - at > entry.max_lateness:
-            status = "missed"
-            down = self._store_down_since
-            reason = (
-                "store_down" if down is not None and at >= down - entry.max_lateness else "late"
-            )
-        key = occurrence_key(entry.name, at)
-        grace = self._graces[entry.name]
-        return Occurrence(
-            key=key,
-            schedule=entry.name,
-            task=entry.task,
-            task_id=task_id_for(key),
-            scheduled_at=at,
-            status=status,
-            reason=reason,
-            prune_before=None if grace is None else at - grace,
+    def _occurrence(self, entry: Entry, at: datetime, now: datetime) -> Occurrence:
+        """The occurrence of ``entry`` at ``at`` to record now: ``claimed``, or ``missed`` once
+        past its ``max_lateness`` (guarantee 6)."""
+        if now - at <= entry.max_lateness:
+            return Occurrence.of(entry.name, entry.task, at)
+        down = self._store_down_since
+        reason = (
+            Reason.STORE_DOWN
+            if down is not None and at >= down - entry.max_lateness
+            else Reason.LATE
         )
+        return Occurrence.of(entry.name, entry.task, at, Status.MISSED, reason)
 
     def _record(self, occurrences: list[Occurrence], now: datetime) -> None:
         """Send ``occurrences`` through the gate; keep the ones won for their instant."""
@@ -420,23 +402,25 @@ class Scheduler(beat.Scheduler):
         lease = self._lease
         for i in range(0, len(occurrences), BATCH):
             batch = occurrences[i : i + BATCH]
-            won = self._gate.admit(batch, now=now)
+            won = self._store.claim(
+                batch, coordination=self._settings.coordination, now=now, prune=self._graces
+            )
             lost = len(batch) - len(won)
             if lost:
                 logger.debug("voltro_beat: %d occurrences claimed by other replicas", lost)
             for o in batch:
                 if o.key not in won:
                     continue
-                if o.status == "claimed":
+                if o.status == Status.CLAIMED:
                     expires = max(o.scheduled_at, now) + lease
                     heapq.heappush(self._ready, (o.scheduled_at, o.key, o, expires))
                 else:
                     logger.info("voltro_beat: %s recorded %s (%s)", o.key, o.status, o.reason)
 
-    def _publish_and_mark(self, occurrences: Sequence[Occurrence | PendingRun]) -> None:
+    def _publish_and_mark(self, occurrences: Sequence[Occurrence]) -> None:
         self._mark(self._publish(occurrences))
 
-    def _publish(self, occurrences: Sequence[Occurrence | PendingRun]) -> list[str]:
+    def _publish(self, occurrences: Sequence[Occurrence]) -> list[str]:
         """Send ``occurrences``; return the keys the broker confirmed."""
         messages = []
         for o in occurrences:
@@ -486,7 +470,7 @@ class Scheduler(beat.Scheduler):
             stale = self._store.release_stale(
                 before=clock - self._settings.publish_timeout, now=clock, limit=PUBLISH_CHUNK
             )
-            republish: list[PendingRun] = []
+            republish: list[Occurrence] = []
             expired: list[str] = []
             for run in stale:
                 entry = self._entries.get(run.schedule)
@@ -497,7 +481,7 @@ class Scheduler(beat.Scheduler):
                 else:
                     republish.append(run)
             if expired:
-                self._store.mark_missed(expired, reason="publish_failed")
+                self._store.mark_missed(expired, reason=Reason.PUBLISH_FAILED)
                 logger.warning("voltro_beat: %d unpublished runs expired as missed", len(expired))
             if republish:
                 logger.warning("voltro_beat: republishing %d unconfirmed runs", len(republish))
@@ -599,3 +583,7 @@ def _grace(entry: Entry) -> timedelta | None:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+#: The name ``-S voltro_beat.scheduler:Scheduler`` has always meant.
+Scheduler = VoltroScheduler

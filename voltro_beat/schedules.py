@@ -9,17 +9,15 @@ when a Celery schedule object is actually given, so the occurrence maths stays C
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time, timedelta
-from functools import lru_cache
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadDateError, croniter
-
+from voltro_beat import cron
+from voltro_beat.cron import CronSpec
 from voltro_beat.exceptions import ConfigurationError
 
 MAX_NAME_LENGTH = 200
@@ -43,34 +41,7 @@ SOLAR_EVENTS: Mapping[str, tuple[str, str, bool]] = MappingProxyType(
     }
 )
 
-CRON_MACROS: Mapping[str, str] = MappingProxyType(
-    {
-        "@yearly": "0 0 1 1 *",
-        "@annually": "0 0 1 1 *",
-        "@monthly": "0 0 1 * *",
-        "@weekly": "0 0 * * 0",
-        "@daily": "0 0 * * *",
-        "@midnight": "0 0 * * *",
-        "@hourly": "0 * * * *",
-    }
-)
-
-# Fixed wall-clock reference for validation and cadence, so neither depends on the clock.
-CRON_REFERENCE = datetime(2001, 1, 1)
-
-_US = timedelta(microseconds=1)
-_SECOND = timedelta(seconds=1)
-_MINUTE = timedelta(minutes=1)
-_DAY = timedelta(days=1)
-# Bounds the per-expression caches below. An app has a few hundred distinct expressions even
-# with 100,000 entries; the bound only matters to a process that builds schedules dynamically.
-_CRON_CACHE_SIZE = 65536
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
-# Days (or skipped months) CronFields.following looks at before it leaves the question to
-# croniter. A 29th of February that is also a Monday comes 40 years apart at worst: a few
-# thousand steps.
-_PLAIN_SEARCH_STEPS = 20_000
-_CRONITER_YEARS = 50  # croniter's horizon (max_years_between_matches)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,104 +53,6 @@ class IntervalSpec:
 
     every_us: int
     anchor_us: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class CronSpec:
-    """A cron expression evaluated on the wall clock of zone ``tz``.
-
-    ``day_or``: standard cron day matching (day-of-month OR day-of-week when both are
-    restricted); ``False`` for Celery crontab's AND. ``second_at_beginning``: a sixth field,
-    seconds, comes first. ``wildcard``: the minute or hour field starts with ``*`` (Debian
-    cron's MIN_STAR|HR_STAR), so the job runs at every real instant across DST changes.
-    """
-
-    expr: str
-    tz: str
-    day_or: bool
-    second_at_beginning: bool
-    wildcard: bool
-
-
-@dataclass(frozen=True, slots=True)
-class CronFields:
-    """croniter's expansion of a plain cron expression, as sorted values per field.
-
-    Plain: every field a set of numbers (no ``L``, ``W`` or ``#``). ``days``, ``months`` and
-    ``weekdays`` are ``None`` when unrestricted (croniter's ``*``); weekdays count from
-    Sunday = 0. ``seconds`` is ``(0,)`` for a five-field expression. ``day_or``: a day
-    matches when either of ``days`` and ``weekdays`` does (both restricted, OR matching);
-    otherwise both must.
-    """
-
-    seconds: tuple[int, ...]
-    minutes: tuple[int, ...]
-    hours: tuple[int, ...]
-    days: frozenset[int] | None
-    months: frozenset[int] | None
-    weekdays: frozenset[int] | None
-    day_or: bool
-
-    def following(self, wall: datetime) -> datetime | None:
-        """croniter's next match after the naive wall time ``wall``, or ``None``.
-
-        The search croniter makes (the first wall time from the next whole minute, or the
-        next whole second with a seconds field, at which every field matches), without its
-        date arithmetic per field. ``None`` past the search bound, past croniter's horizon or
-        at the end of the calendar: croniter's own ``get_next`` decides those.
-        """
-        try:
-            if self.seconds == (0,):  # five fields (or seconds always 0): from the next minute
-                start = wall.replace(second=0, microsecond=0) + _MINUTE
-            else:
-                start = wall.replace(microsecond=0) + _SECOND
-            found = self._search(start)
-        except (OverflowError, ValueError):
-            return None
-        if found is None or found.year - start.year > _CRONITER_YEARS:
-            return None
-        return found
-
-    def _search(self, start: datetime) -> datetime | None:
-        months, days, weekdays, day_or = self.months, self.days, self.weekdays, self.day_or
-        first = time(self.hours[0], self.minutes[0], self.seconds[0])
-        day = start.date()
-        at = self._time_from(start.hour, start.minute, start.second)
-        for _ in range(_PLAIN_SEARCH_STEPS):
-            if months is not None and day.month not in months:
-                day = (
-                    date(day.year + 1, 1, 1)
-                    if day.month == 12
-                    else date(day.year, day.month + 1, 1)
-                )
-                at = first
-                continue
-            if at is not None:
-                day_ok = days is None or day.day in days
-                weekday_ok = weekdays is None or day.isoweekday() % 7 in weekdays
-                if (day_ok or weekday_ok) if day_or else (day_ok and weekday_ok):
-                    return datetime.combine(day, at)
-            day += _DAY
-            at = first
-        return None
-
-    def _time_from(self, hour: int, minute: int, second: int) -> time | None:
-        """The first matching time of day at or after ``hour:minute:second``, if any."""
-        hours, minutes, seconds = self.hours, self.minutes, self.seconds
-        h = bisect_left(hours, hour)
-        if h < len(hours) and hours[h] == hour:
-            m = bisect_left(minutes, minute)
-            if m < len(minutes) and minutes[m] == minute:
-                s = bisect_left(seconds, second)
-                if s < len(seconds):
-                    return time(hour, minute, seconds[s])
-                m += 1
-            if m < len(minutes):
-                return time(hour, minutes[m], seconds[0])
-            h += 1
-        if h < len(hours):
-            return time(hours[h], minutes[0], seconds[0])
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,27 +136,10 @@ def cadence(spec: Spec) -> timedelta | None:
     if isinstance(spec, IntervalSpec):
         return timedelta(microseconds=spec.every_us)
     if isinstance(spec, CronSpec):
-        facts = _cron_facts(spec.expr, spec.day_or, spec.second_at_beginning)
-        if isinstance(facts, _CronFacts) and facts.cadence is not None:
-            return facts.cadence
-        # Not a validated expression (a spec built by hand): croniter raises as it would.
-        it = _croniter(spec)
-        first = it.get_next(datetime, start_time=CRON_REFERENCE)
-        second: datetime = it.get_next(datetime, start_time=first)
-        return second - first
+        return cron.cadence(spec)
     if isinstance(spec, SolarSpec):
         return timedelta(days=1)
     return None
-
-
-def cron_fields(spec: CronSpec) -> CronFields | None:
-    """croniter's expansion of ``spec``'s expression, if it is plain (cached per expression).
-
-    ``None`` when only croniter's own search applies: ``L``, ``W`` or ``#`` fields, or an
-    expression croniter refuses.
-    """
-    facts = _cron_facts(spec.expr, spec.day_or, spec.second_at_beginning)
-    return facts.fields if isinstance(facts, _CronFacts) else None
 
 
 def check_name(name: object) -> str:
@@ -404,7 +260,7 @@ def _interval_us(value: timedelta | float, entry: str) -> int:
         raise ConfigurationError(
             f"the interval {value!r} is too large", **_at(entry, "schedule")
         ) from None
-    every_us = every // _US
+    every_us = every // cron.MICROSECOND
     if every_us <= 0:
         raise ConfigurationError(
             f"the interval must be positive, not {every}", **_at(entry, "schedule")
@@ -427,139 +283,30 @@ def _aware_ms_us(value: object, entry: str, field: str) -> int:
         raise ConfigurationError(
             f"the datetime {value.isoformat()} is naive; give it a timezone", **_at(entry, field)
         )
-    us = (value - datetime(1970, 1, 1, tzinfo=UTC)) // _US
+    us = (value - cron.EPOCH) // cron.MICROSECOND
     return us - us % 1000
 
 
 def _clocked(value: datetime, entry: str) -> ClockedSpec:
     us = _aware_ms_us(value, entry, "schedule")
-    return ClockedSpec(datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us))
+    return ClockedSpec(cron.EPOCH + timedelta(microseconds=us))
 
 
 def _cron_string(text: str, tz: str, entry: str) -> CronSpec:
-    parsed = _parse_cron_string(text)
+    parsed = cron.parse_text(text)
     if isinstance(parsed, str):
         raise ConfigurationError(parsed, **_at(entry, "schedule"))
     expr, seconds_first, wildcard = parsed
     return _checked_cron(expr, tz, True, seconds_first, wildcard, entry)
 
 
-@lru_cache(maxsize=_CRON_CACHE_SIZE)
-def _parse_cron_string(text: str) -> tuple[str, bool, bool] | str:
-    """``(expr, second_at_beginning, wildcard)`` for a cron string, or why it is refused."""
-    fields = text.split()
-    if len(fields) == 1 and fields[0].startswith("@"):
-        macro = CRON_MACROS.get(fields[0].lower())
-        if macro is None:
-            return f"unknown cron macro {fields[0]!r}; known: {', '.join(CRON_MACROS)}"
-        fields = macro.split()
-    if len(fields) not in (5, 6):
-        return (
-            f"cron expression {text!r} has {len(fields)} fields; expected 5 "
-            "(minute hour day-of-month month day-of-week) or 6 with seconds first"
-        )
-    if any(part.lower().startswith(("r", "h")) for field in fields for part in field.split(",")):
-        # croniter's R (random) and H (hashed) fields differ between replicas.
-        return (
-            f"cron expression {text!r} uses R or H fields, which are not the same on every replica"
-        )
-    seconds_first = len(fields) == 6
-    minute, hour = fields[1:3] if seconds_first else fields[0:2]
-    return " ".join(fields), seconds_first, minute.startswith("*") or hour.startswith("*")
-
-
 def _checked_cron(
     expr: str, tz: str, day_or: bool, second_at_beginning: bool, wildcard: bool, entry: str
 ) -> CronSpec:
-    facts = _cron_facts(expr, day_or, second_at_beginning)
-    if isinstance(facts, str):
-        raise ConfigurationError(facts, **_at(entry, "schedule"))
-    return _cron_spec(expr, tz, day_or, second_at_beginning, wildcard)
-
-
-@lru_cache(maxsize=_CRON_CACHE_SIZE)
-def _cron_spec(
-    expr: str, tz: str, day_or: bool, second_at_beginning: bool, wildcard: bool
-) -> CronSpec:
-    # One spec object for equal definitions: 100,000 entries over a few expressions share a
-    # few specs (memory), and lookups keyed by spec mostly find the very same object.
-    return CronSpec(expr, tz, day_or, second_at_beginning, wildcard)
-
-
-@dataclass(frozen=True, slots=True)
-class _CronFacts:
-    """What croniter's parse of one expression tells: its cadence and plain fields."""
-
-    cadence: timedelta | None  # None: croniter found no second occurrence
-    fields: CronFields | None  # None: not plain
-
-
-@lru_cache(maxsize=_CRON_CACHE_SIZE)
-def _cron_facts(expr: str, day_or: bool, second_at_beginning: bool) -> _CronFacts | str:
-    """Validate an expression with croniter, once per expression; a string says why not.
-
-    The zone plays no part: croniter runs on naive wall-clock time here.
-    """
-    try:
-        it = croniter(expr, CRON_REFERENCE, day_or=day_or, second_at_beginning=second_at_beginning)
-        fields = _plain_fields(it, day_or)
-        first = _wall_next(it, fields, CRON_REFERENCE)
-    except CroniterBadDateError:
-        return f"cron expression {expr!r} never fires"
-    except (ValueError, TypeError, KeyError, IndexError) as exc:
-        # croniter signals bad syntax with CroniterBadCronError (a ValueError) and, for some
-        # inputs, with bare lookup errors.
-        return f"unparsable cron expression {expr!r}: {exc}"
-    try:
-        step: timedelta | None = _wall_next(it, fields, first) - first
-    except (ValueError, TypeError, KeyError, IndexError):
-        step = None  # cadence() asks croniter again, and raises as croniter does
-    return _CronFacts(step, fields)
-
-
-def _wall_next(it: croniter, fields: CronFields | None, wall: datetime) -> datetime:
-    found = None if fields is None else fields.following(wall)
-    if found is None:
-        found = it.get_next(datetime, start_time=wall)
-    return found
-
-
-def _plain_fields(it: croniter, day_or: bool) -> CronFields | None:
-    if it.nth_weekday_of_month or it.nearest_weekday or len(it.expanded) not in (5, 6):
-        return None
-    fields: list[tuple[int, ...] | None] = []
-    for values, (low, high) in zip(it.expanded, _FIELD_RANGES, strict=False):
-        if list(values) == ["*"]:
-            fields.append(None)
-        elif values and all(type(v) is int and low <= v <= high for v in values):
-            fields.append(tuple(sorted(values)))
-        else:
-            return None  # "l" and the like: croniter's own search
-    minutes, hours, days, months, weekdays = fields[:5]
-    seconds = fields[5] if len(fields) == 6 else _ZERO
-    return CronFields(
-        seconds=_SIXTY if seconds is None else seconds,
-        minutes=_SIXTY if minutes is None else minutes,
-        hours=_TWENTY_FOUR if hours is None else hours,
-        days=None if days is None else frozenset(days),
-        months=None if months is None else frozenset(months),
-        weekdays=None if weekdays is None else frozenset(weekdays),
-        day_or=day_or and days is not None and weekdays is not None,
-    )
-
-
-# Shared by every expression's fields: "*" and a five-field expression's second.
-_SIXTY = tuple(range(60))
-_TWENTY_FOUR = tuple(range(24))
-_ZERO = (0,)
-# croniter's field order (seconds last): minute, hour, day, month, weekday, second.
-_FIELD_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 6), (0, 59))
-
-
-def _croniter(spec: CronSpec) -> croniter:
-    return croniter(
-        spec.expr, CRON_REFERENCE, day_or=spec.day_or, second_at_beginning=spec.second_at_beginning
-    )
+    spec = cron.checked(expr, tz, day_or, second_at_beginning, wildcard)
+    if isinstance(spec, str):
+        raise ConfigurationError(spec, **_at(entry, "schedule"))
+    return spec
 
 
 def _celery_spec(value: object, tz: str, entry: str) -> Spec:

@@ -2,8 +2,8 @@
 
 One line in the app module, ``voltro_beat.attach(app)``, makes every worker of that app record
 the runs of the occurrences voltro_beat published in the runs table. The decisions live in
-:mod:`voltro_beat.ledger` (pure) and the SQL in :mod:`voltro_beat.store`; this module only maps
-Celery signals to ledger events:
+:mod:`voltro_beat.ledger` (pure) and the SQL in :mod:`voltro_beat.store.run_writer`; this
+module only maps Celery signals to ledger events:
 
 =========================  =============  ==========================================
 signal                     process        event
@@ -43,7 +43,9 @@ from celery.exceptions import Ignore, Reject, TimeLimitExceeded, WorkerLostError
 from voltro_beat import ledger
 from voltro_beat.config import Settings
 from voltro_beat.ledger import Event
-from voltro_beat.store import RunChange, SqlStore, open_store
+from voltro_beat.status import Status
+from voltro_beat.store.database import Database
+from voltro_beat.store.run_writer import RunWriter
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +86,7 @@ def attach(app: Celery) -> None:
 
 
 class _Recorder:
-    """One app's ledger writer in one process: the store opens lazily, once per process."""
+    """One app's ledger writer in one process: opened lazily, once per process."""
 
     def __init__(self, app: Celery) -> None:
         self.app = app
@@ -92,13 +94,13 @@ class _Recorder:
         self.hostname: str | None = None
         self._lock = threading.Lock()
         self._pid: int | None = None
-        self._store: SqlStore | None = None
+        self._writer: RunWriter | None = None
         self._guard = True
         self._failing = False
         _RECORDERS.add(self)
 
-    def store(self) -> SqlStore | None:
-        """This process's store, opened on first use; None if the ledger cannot be written."""
+    def writer(self) -> RunWriter | None:
+        """This process's writer, opened on first use; None if the ledger cannot be written."""
         pid = os.getpid()
         if self._pid != pid:
             with self._lock:
@@ -107,49 +109,44 @@ class _Recorder:
                     self._drop()
                     self._open()
                     self._pid = pid
-        return self._store
+        return self._writer
 
     @property
     def guard(self) -> bool:
         """Whether the duplicate delivery guard is on (read with the settings)."""
-        self.store()
+        self.writer()
         return self._guard
 
     def reset(self) -> None:
-        """Forget the store (in a freshly forked child); the next event opens a new one."""
+        """Forget the writer (in a freshly forked child); the next event opens a new one."""
         with self._lock:
             self._drop()
             self._pid = None
 
     def record(self, event: Event, *, now: datetime, **fields: Any) -> bool | None:
-        """Apply ``event`` to its row: True if it moved, False if not, None if unwritable."""
-        store = self.store()
-        if store is None:
+        """Apply ``event`` to its row: True if it moved, False if not, None if unwritable.
+
+        ``fields`` are :meth:`RunWriter.advance`'s keywords (key or task_id, attempt, worker,
+        started_at, reason, error).
+        """
+        writer = self.writer()
+        if writer is None:
             return None
-        move = ledger.transition(event)
-        change = RunChange(
-            status=move.status,
-            stamp=move.stamp,
-            from_statuses=move.from_statuses,
-            attempt_statuses=move.attempt_statuses,
-            now=now,
-            **fields,
-        )
         try:
-            moved = store.advance_run(change)
+            moved = writer.advance(ledger.transition(event), now=now, **fields)
         except Exception as exc:
-            self._failed(event, change.key or change.task_id, exc)
+            self._failed(event, fields.get("key") or fields.get("task_id"), exc)
             return None
         self._recovered()
         return moved
 
-    def status(self, key: str) -> str | None:
+    def status(self, key: str) -> Status | None:
         """The recorded status of ``key`` (None if unknown or unreadable)."""
-        store = self.store()
-        if store is None:
+        writer = self.writer()
+        if writer is None:
             return None
         try:
-            status = store.run_status(key)
+            status = writer.status(key)
         except Exception as exc:
             self._failed("status read", key, exc)
             return None
@@ -159,25 +156,18 @@ class _Recorder:
     def _open(self) -> None:
         try:
             settings = Settings.from_config(self.app.conf)
-            store = open_store(settings.store_url, replica=settings.replica)
+            database = Database.open(settings.store_url)
         except Exception as exc:
             # A configuration error is the beat's to report; workers keep running tasks.
             logger.error("voltro_beat ledger disabled in this process: %s", exc)
             return
         self._guard = settings.duplicate_guard
-        if not isinstance(store, SqlStore):
-            logger.warning(
-                "voltro_beat ledger disabled: store %s cannot be shared with workers",
-                store.display_url,
-            )
-            return
-        self._store = store
+        self._writer = RunWriter(database)
 
     def _drop(self) -> None:
-        store, self._store = self._store, None
-        if store is not None:
-            # close=False: the sockets belong to the parent process, which still uses them.
-            store.engine.dispose(close=False)
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.discard()
 
     def _failed(self, what: object, target: str | None, exc: Exception) -> None:
         # One warning per outage, not one per task.
@@ -263,7 +253,7 @@ def _on_prerun(sender: Any = None, task_id: Any = None, task: Any = None, **_: A
     )
     # The guard costs nothing on the normal path: only a start that did not move the row
     # (the run is already terminal, or there is no row) reads the status.
-    if moved is False and recorder.guard and recorder.status(key) == ledger.SUCCEEDED:
+    if moved is False and recorder.guard and recorder.status(key) == Status.SUCCEEDED:
         setattr(request, _DUPLICATE, True)
         if getattr(type(task).before_start, _GUARD_MARK, None) is None:
             logger.warning(

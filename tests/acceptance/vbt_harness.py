@@ -29,10 +29,9 @@ import pytest
 import sqlalchemy as sa
 from kombu import Connection
 
-from voltro_beat.occurrences import occurrence_key, occurrences_between
-from voltro_beat.publisher import task_id_for
+from voltro_beat.occurrences import occurrence_key, occurrences_between, task_id_for
 from voltro_beat.schedules import Entry, parse_entries
-from voltro_beat.tables import runs as runs_table
+from voltro_beat.store.tables import runs as runs_table
 
 HERE = Path(__file__).resolve().parent
 TASK = "vbt_proj.record"

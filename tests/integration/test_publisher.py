@@ -23,7 +23,8 @@ from celery import Celery
 from kombu import Queue
 from kombu.common import Broadcast
 
-from voltro_beat.publisher import Publisher, _RedisPush, task_id_for, uuid4_str
+from voltro_beat.occurrences import task_id_for
+from voltro_beat.publisher import Publisher, _RedisPush, uuid4_str
 from voltro_beat.schedules import Entry, parse_entries
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The scheduler's tick against a real SQLite store and kombu's in-memory broker.
 
-Replicas are Scheduler instances in this process sharing one SQLite file; the clock is
+Replicas are VoltroScheduler instances in this process sharing one SQLite file; the clock is
 driven by passing fixed instants to the tick, so each scenario is exact and fast. Several
 real ``celery beat`` processes are exercised in tests/acceptance.
 """
@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from celery import Celery
 
 from voltro_beat.exceptions import ConfigurationError
-from voltro_beat.publisher import task_id_for
-from voltro_beat.scheduler import RETRY_DELAY, Scheduler
+from voltro_beat.occurrences import task_id_for
+from voltro_beat.scheduler import RETRY_DELAY, VoltroScheduler
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
 EVERY_SECOND = {"s": {"task": "proj.work", "schedule": "* * * * * *"}}
@@ -39,13 +39,13 @@ def store_url(tmp_path: Path) -> str:
 @pytest.fixture
 def replicas(store_url: str) -> Iterator[Any]:
     """Build schedulers (replicas) on the shared store; close them all afterwards."""
-    made: list[Scheduler] = []
+    made: list[VoltroScheduler] = []
     # kombu's in-memory broker is one per process: start from an empty queue.
     drain(Celery("drain", broker="memory://", set_as_current=False))
 
     def make(
         name: str = "r1", *, broker: str = "memory://", schedule: Any = None, **conf: Any
-    ) -> Scheduler:
+    ) -> VoltroScheduler:
         app = Celery(f"proj-{name}", broker=broker, set_as_current=False)
         app.conf.update(
             {
@@ -56,7 +56,7 @@ def replicas(store_url: str) -> Iterator[Any]:
                 **conf,
             }
         )
-        scheduler = Scheduler(app)
+        scheduler = VoltroScheduler(app)
         made.append(scheduler)
         return scheduler
 
@@ -259,7 +259,7 @@ def test_lazy_instance_does_no_io(store_url: str) -> None:
         voltro_beat_store_url="postgresql+psycopg://root@127.0.0.1:1/none",
         beat_schedule=EVERY_SECOND,
     )
-    scheduler = Scheduler(app, lazy=True)
+    scheduler = VoltroScheduler(app, lazy=True)
     assert "coordination advisory_lock" in scheduler.info
     scheduler.close()
     scheduler.close()
@@ -476,3 +476,13 @@ def test_close_publishes_the_occurrences_it_claimed_ahead(replicas: Any, store_u
     assert datetime.now(UTC) >= at
     assert [h["voltro_occurrence"] for h in drain(r1.app)] == [key]
     assert rows(store_url)[key].status == "published"
+
+
+def test_both_scheduler_paths_name_the_voltro_scheduler() -> None:
+    from importlib.metadata import entry_points
+
+    from voltro_beat.scheduler import Scheduler
+
+    (voltro,) = entry_points(group="celery.beat_schedulers", name="voltro")
+    assert voltro.load() is VoltroScheduler
+    assert Scheduler is VoltroScheduler  # ``-S voltro_beat.scheduler:Scheduler`` still works

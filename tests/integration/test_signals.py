@@ -28,10 +28,14 @@ from celery import Celery
 import voltro_beat
 from voltro_beat import ledger as machine
 from voltro_beat import signals as ledger_signals
+from voltro_beat.coordination import Coordination
 from voltro_beat.ledger import Event, RunState
-from voltro_beat.publisher import task_id_for
-from voltro_beat.store import Occurrence, RunChange, SqlStore, open_store
-from voltro_beat.tables import STATUSES, runs
+from voltro_beat.occurrences import Occurrence, task_id_for
+from voltro_beat.status import ON_WORKER, Status
+from voltro_beat.store.beat import BeatStore
+from voltro_beat.store.database import Database
+from voltro_beat.store.run_writer import RunWriter
+from voltro_beat.store.tables import runs
 
 if TYPE_CHECKING:
     from conftest import Worker
@@ -80,7 +84,7 @@ class Published:
 class Ledger:
     """What a test needs: publish occurrences, read run rows and the bodies' counters."""
 
-    store: SqlStore
+    store: BeatStore
     client: Celery
     redis: redis.Redis
     broker_url: str
@@ -102,7 +106,8 @@ class Ledger:
             key, schedule, task, task_id_for(key), (schedule,) if args is None else args
         )
         occurrence = Occurrence(key, schedule, task, published.task_id, SCHEDULED_AT)
-        assert self.store.claim([occurrence], outcome="won_lock", gate=True, now=now()) == {key}
+        won = self.store.claim([occurrence], coordination=Coordination.ADVISORY_LOCK, now=now())
+        assert won == {key}
         self.send(published, queue=queue, headers=headers, **options)
         self.store.mark_published([key], now=now())
         return published
@@ -115,7 +120,7 @@ class Ledger:
         )
 
     def row(self, key: str) -> dict[str, Any]:
-        with self.store.engine.connect() as conn:
+        with self.store.database.engine.connect() as conn:
             found = conn.execute(sa.select(runs).where(runs.c.id == key)).mappings().one()
         return dict(found)
 
@@ -160,9 +165,8 @@ class Lane:
 @pytest.fixture(scope="module")
 def ledger(postgres_url: str, redis_url: str) -> Iterator[Ledger]:
     broker_url = f"{redis_url}/5"
-    store = open_store(postgres_url, replica="test-beat")
-    assert isinstance(store, SqlStore)
-    store.upgrade()
+    store = BeatStore(Database.open(postgres_url), replica="test-beat")
+    store.database.upgrade()
     client = Celery("ledger-client", broker=broker_url, set_as_current=False)
     client.conf.broker_connection_retry_on_startup = True
     rds = redis.Redis.from_url(broker_url)
@@ -170,7 +174,7 @@ def ledger(postgres_url: str, redis_url: str) -> Iterator[Ledger]:
     client.close()
     # This run's counters, state trails, queues and kombu bindings (all named after RUN or
     # after a task id of one of its occurrences).
-    with store.engine.connect() as conn:
+    with store.database.engine.connect() as conn:
         keys = conn.execute(sa.select(runs.c.id).where(runs.c.id.contains(RUN))).scalars()
         trails = [f"ledger:{task_id_for(key)}:states" for key in keys]
     leftovers = [*trails, *rds.scan_iter(f"*{RUN}*")]
@@ -401,29 +405,28 @@ def test_a_failing_ledger_never_breaks_the_task(ledger: Ledger, celery_worker: S
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def contract_store(
+def contract_writer(
     request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str
-) -> Iterator[SqlStore]:
+) -> Iterator[RunWriter]:
     url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}" if request.param == "sqlite" else postgres_url
-    store = open_store(url, replica="contract")
-    assert isinstance(store, SqlStore)
-    store.upgrade()
-    yield store
-    store.close()
+    writer = RunWriter(Database.open(url))
+    writer.database.upgrade()
+    yield writer
+    writer.close()
 
 
-def test_advance_run_is_the_state_machine(contract_store: SqlStore) -> None:
+def test_advance_is_the_state_machine(contract_writer: RunWriter) -> None:
     """Every event on a row in every status and attempt: the UPDATE does what ``apply`` says."""
-    store = contract_store
+    writer = contract_writer
     at = now()
     cases = []
     for n, (event, status, retries, attempt) in enumerate(
-        itertools.product(Event, STATUSES, range(3), range(3))
+        itertools.product(Event, Status, range(3), range(3))
     ):
         key = f"contract-{RUN}-{n}@{SCHEDULED_AT:%Y-%m-%dT%H:%M:%S}"
         cases.append((key, event, RunState(status, retries), attempt))
     started_at = at - timedelta(seconds=2)
-    with store.engine.begin() as conn:
+    with writer.database.engine.begin() as conn:
         conn.execute(
             runs.insert(),
             [
@@ -436,8 +439,8 @@ def test_advance_run_is_the_state_machine(contract_store: SqlStore) -> None:
                     "coordination_outcome": "won_lock",
                     "status": state.status,
                     "retries": state.retries,
-                    "started_at": started_at if state.status in machine.RUNNING else None,
-                    "worker": "first:1" if state.status in machine.RUNNING else None,
+                    "started_at": started_at if state.status in ON_WORKER else None,
+                    "worker": "first:1" if state.status in ON_WORKER else None,
                 }
                 for key, _, state, _ in cases
             ],
@@ -447,22 +450,17 @@ def test_advance_run_is_the_state_machine(contract_store: SqlStore) -> None:
         move = machine.transition(event)
         # Terminal events alternate between the two lookups the worker uses.
         by_task_id = move.stamp == "finish" and n % 2 == 1
-        moved[key] = store.advance_run(
-            RunChange(
-                status=move.status,
-                stamp=move.stamp,
-                from_statuses=move.from_statuses,
-                attempt_statuses=move.attempt_statuses,
-                now=at,
-                key=None if by_task_id else key,
-                task_id=task_id_for(key) if by_task_id else None,
-                attempt=attempt,
-                worker="second:2",
-                reason="why" if move.stamp == "retry" else None,
-                error="Boom: x" if move.status == "failed" else None,
-            )
+        moved[key] = writer.advance(
+            move,
+            now=at,
+            key=None if by_task_id else key,
+            task_id=task_id_for(key) if by_task_id else None,
+            attempt=attempt,
+            worker="second:2",
+            reason="why" if move.stamp == "retry" else None,
+            error="Boom: x" if move.status == "failed" else None,
         )
-    with store.engine.connect() as conn:
+    with writer.database.engine.connect() as conn:
         rows = {r["id"]: dict(r) for r in conn.execute(sa.select(runs)).mappings()}
     for key, event, before, attempt in cases:
         row, move = rows[key], machine.transition(event)
@@ -479,46 +477,35 @@ def test_advance_run_is_the_state_machine(contract_store: SqlStore) -> None:
         else:
             assert row["finished_at"] == at, case
             assert row["error"] == ("Boom: x" if move.status == "failed" else None), case
-            if before.status in machine.RUNNING:
+            if before.status in ON_WORKER:
                 # The start is kept (and its worker): the duration runs from it.
                 assert row["worker"] == "first:1", case
                 assert row["duration"] == pytest.approx(2.0, abs=1e-3), case
             else:
                 assert row["worker"] == "second:2", case
                 assert row["started_at"] is None and row["duration"] is None, case
-    assert store.run_status(cases[0][0]) is not None
-    assert store.run_status("no-such-run@2026-01-01T00:00:00") is None
+    assert writer.status(cases[0][0]) is not None
+    assert writer.status("no-such-run@2026-01-01T00:00:00") is None
 
 
 def test_ledger_connection_killed_by_the_server_is_replaced(postgres_url: str) -> None:
-    store = open_store(postgres_url, replica="contract")
-    assert isinstance(store, SqlStore)
-    store.upgrade()
+    store = BeatStore(Database.open(postgres_url), replica="contract")
+    store.database.upgrade()
+    writer = RunWriter(Database.open(postgres_url))
     key = f"reconnect-{RUN}@{SCHEDULED_AT:%Y-%m-%dT%H:%M:%S}"
     store.claim(
         [Occurrence(key, "reconnect", "t", task_id_for(key), SCHEDULED_AT)],
-        outcome="won_lock",
-        gate=True,
+        coordination=Coordination.ADVISORY_LOCK,
         now=now(),
     )
-    assert store.run_status(key) == "claimed"  # opens this thread's ledger connection
-    backend = store._ledger_connection().connection.dbapi_connection.info.backend_pid
-    with store.engine.connect() as admin:
+    assert writer.status(key) == "claimed"  # opens this thread's ledger connection
+    backend = writer._connection().connection.dbapi_connection.info.backend_pid
+    with store.database.engine.connect() as admin:
         killed = admin.execute(sa.select(sa.func.pg_terminate_backend(backend))).scalar()
     assert killed is True
-    move = machine.transition(Event.STARTED)
-    assert store.advance_run(
-        RunChange(
-            status=move.status,
-            stamp=move.stamp,
-            from_statuses=move.from_statuses,
-            attempt_statuses=move.attempt_statuses,
-            now=now(),
-            key=key,
-            worker="w:1",
-        )
-    )
-    assert store.run_status(key) == "started"
+    assert writer.advance(machine.transition(Event.STARTED), now=now(), key=key, worker="w:1")
+    assert writer.status(key) == "started"
+    writer.close()
     store.close()
 
 
@@ -531,7 +518,7 @@ def test_attach_is_idempotent_and_opens_nothing() -> None:
     voltro_beat.attach(app)
     voltro_beat.attach(app)
     recorder = ledger_signals._recorder(app)
-    assert recorder is not None and recorder._store is None and recorder._pid is None
+    assert recorder is not None and recorder._writer is None and recorder._pid is None
     after = {s: len(s.receivers) for s, _ in ledger_signals._RECEIVERS}
     # Connected once (perhaps already by an earlier test), never twice.
     assert all(after[s] - before[s] in (0, 1) for s in before)

@@ -12,12 +12,18 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from voltro_beat import store as store_module
+from voltro_beat.coordination import Coordination
 from voltro_beat.exceptions import ConfigurationError, StoreError
-from voltro_beat.store import Occurrence, SqlStore, hide_password, open_store
-from voltro_beat.tables import VERSION_TABLE, metadata
+from voltro_beat.occurrences import Occurrence
+from voltro_beat.status import Reason, Status
+from voltro_beat.store import beat as beat_module
+from voltro_beat.store import reads
+from voltro_beat.store.beat import BeatStore
+from voltro_beat.store.database import Database, hide_password
+from voltro_beat.store.tables import VERSION_TABLE, metadata
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
+LOCK = Coordination.ADVISORY_LOCK
 
 
 def occ(n: int, schedule: str = "s", **fields: object) -> Occurrence:
@@ -26,6 +32,10 @@ def occ(n: int, schedule: str = "s", **fields: object) -> Occurrence:
     return Occurrence(
         key=key, schedule=schedule, task="t", task_id=f"id-{key}", scheduled_at=at, **fields
     )  # type: ignore[arg-type]
+
+
+def open_store(url: str, replica: str) -> BeatStore:
+    return BeatStore(Database.open(url), replica=replica)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -43,13 +53,12 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def stores(url: str) -> Iterator[Callable[[str], SqlStore]]:
-    made: list[SqlStore] = []
+def stores(url: str) -> Iterator[Callable[[str], BeatStore]]:
+    made: list[BeatStore] = []
 
-    def make(replica: str = "r1") -> SqlStore:
+    def make(replica: str = "r1") -> BeatStore:
         store = open_store(url, replica=replica)
-        assert isinstance(store, SqlStore)
-        store.upgrade()
+        store.database.upgrade()
         made.append(store)
         return store
 
@@ -58,79 +67,84 @@ def stores(url: str) -> Iterator[Callable[[str], SqlStore]]:
         store.close()
 
 
-def status(store: SqlStore, key: str) -> tuple[str, str | None]:
-    (row,) = [r for r in store.recent_runs(limit=10_000) if r["id"] == key]
-    return row["status"], row["reason"]
+def recent(store: BeatStore) -> list[dict[str, object]]:
+    return reads.recent_runs(store.database, limit=10_000)
 
 
-def test_schema_matches_the_table_definitions(stores: Callable[[str], SqlStore]) -> None:
+def status(store: BeatStore, key: str) -> tuple[str, str | None]:
+    (row,) = [r for r in recent(store) if r["id"] == key]
+    return row["status"], row["reason"]  # type: ignore[return-value]
+
+
+# Alembic hands PostgreSQL's reflection of the NOT VALID check constraint (migration 0002) to
+# SQLAlchemy with an option it does not know; check constraints are not compared anyway.
+@pytest.mark.filterwarnings("ignore:Can't validate argument 'dialect_options'")
+def test_schema_matches_the_table_definitions(stores: Callable[[str], BeatStore]) -> None:
     store = stores("r1")
-    store.upgrade()  # idempotent
-    with store.engine.connect() as conn:
+    store.database.upgrade()  # idempotent
+    with store.database.engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
         diff = compare_metadata(context, metadata)
     assert diff == []
 
 
-def test_claim_once_across_replicas(stores: Callable[[str], SqlStore]) -> None:
+def test_claim_once_across_replicas(stores: Callable[[str], BeatStore]) -> None:
     a, b = stores("a"), stores("b")
     batch = [occ(n) for n in range(5)]
-    assert a.claim(batch, outcome="won_lock", gate=True, now=T0) == {o.key for o in batch}
-    assert b.claim(batch, outcome="won_lock", gate=True, now=T0) == set()
-    rows = a.recent_runs()
+    assert a.claim(batch, coordination=LOCK, now=T0) == {o.key for o in batch}
+    assert b.claim(batch, coordination=LOCK, now=T0) == set()
+    rows = recent(a)
     assert {r["replica"] for r in rows} == {"a"}
     assert {(r["status"], r["coordination_outcome"]) for r in rows} == {("claimed", "won_lock")}
 
 
-def test_run_row_fences_after_claims_are_pruned(stores: Callable[[str], SqlStore]) -> None:
+def test_run_row_fences_after_claims_are_pruned(stores: Callable[[str], BeatStore]) -> None:
     a, b = stores("a"), stores("b")
-    assert a.claim([occ(0)], outcome="won_lock", gate=True, now=T0)
+    assert a.claim([occ(0)], coordination=LOCK, now=T0)
     a.sweep(claims_before=T0 + timedelta(days=1), runs_before=T0 - timedelta(days=1))
     # The claim goes in again (it was pruned), but the run row insert conflicts.
-    assert b.claim([occ(0)], outcome="won_lock", gate=True, now=T0) == set()
+    assert b.claim([occ(0)], coordination=LOCK, now=T0) == set()
     assert status(a, occ(0).key) == ("claimed", None)
 
 
-def test_winner_prunes_its_schedules_older_claims(stores: Callable[[str], SqlStore]) -> None:
+def test_winner_prunes_its_schedules_older_claims(stores: Callable[[str], BeatStore]) -> None:
     store = stores()
-    store.claim([occ(n) for n in range(10)], outcome="won_lock", gate=True, now=T0)
-    store.claim([occ(0, schedule="other")], outcome="won_lock", gate=True, now=T0)
-    store.claim(
-        [occ(100, prune_before=T0 + timedelta(seconds=5))], outcome="won_lock", gate=True, now=T0
-    )
-    with store.engine.connect() as conn:
+    store.claim([occ(n) for n in range(10)], coordination=LOCK, now=T0)
+    store.claim([occ(0, schedule="other")], coordination=LOCK, now=T0)
+    store.claim([occ(100)], coordination=LOCK, now=T0, prune={"s": timedelta(seconds=95)})
+    with store.database.engine.connect() as conn:
         left = conn.execute(sa.text("SELECT id FROM _voltro_schedule_claims ORDER BY id")).scalars()
         assert sorted(left) == sorted(
             [occ(n).key for n in range(5, 10)] + [occ(100).key, occ(0, schedule="other").key]
         )
 
 
-def test_missed_and_skipped_rows_go_through_the_gate(stores: Callable[[str], SqlStore]) -> None:
+def test_missed_and_skipped_rows_go_through_the_gate(stores: Callable[[str], BeatStore]) -> None:
     a, b = stores("a"), stores("b")
-    missed = occ(1, status="missed", reason="late")
-    assert a.claim([missed], outcome="won_lock", gate=True, now=T0) == {missed.key}
-    assert b.claim([missed], outcome="won_lock", gate=True, now=T0) == set()
+    missed = occ(1, status=Status.MISSED, reason=Reason.LATE)
+    assert a.claim([missed], coordination=LOCK, now=T0) == {missed.key}
+    assert b.claim([missed], coordination=LOCK, now=T0) == set()
     assert status(a, missed.key) == ("missed", "late")
 
 
-def test_single_coordination_writes_runs_only(stores: Callable[[str], SqlStore]) -> None:
+def test_single_coordination_writes_runs_only(stores: Callable[[str], BeatStore]) -> None:
     store = stores()
-    assert store.claim([occ(0)], outcome="single", gate=False, now=T0) == {occ(0).key}
-    assert store.claim([occ(0)], outcome="single", gate=False, now=T0) == set()
-    with store.engine.connect() as conn:
+    assert store.claim([occ(0)], coordination=Coordination.SINGLE, now=T0) == {occ(0).key}
+    assert store.claim([occ(0)], coordination=Coordination.SINGLE, now=T0) == set()
+    with store.database.engine.connect() as conn:
         claims = conn.execute(sa.text("SELECT count(*) FROM _voltro_schedule_claims")).scalar()
     assert claims == 0
 
 
-def test_concurrent_claims_have_exactly_one_winner(stores: Callable[[str], SqlStore]) -> None:
+def test_concurrent_claims_have_exactly_one_winner(stores: Callable[[str], BeatStore]) -> None:
     replicas = [stores(f"r{n}") for n in range(4)]
     batch = [occ(n) for n in range(300)]
     wins: dict[str, set[str]] = {}
     barrier = threading.Barrier(len(replicas))
 
-    def race(store: SqlStore) -> None:
+    def race(store: BeatStore) -> None:
         barrier.wait()
-        wins[store.replica] = store.claim(batch, outcome="won_lock", gate=True, now=T0)
+        wins[store.replica] = store.claim(batch, coordination=LOCK, now=T0)
 
     threads = [threading.Thread(target=race, args=(s,)) for s in replicas]
     for t in threads:
@@ -149,7 +163,7 @@ def test_concurrent_upgrades_do_not_race(url: str) -> None:
         store = open_store(url, replica="boot")
         try:
             barrier.wait()
-            store.upgrade()
+            store.database.upgrade()
         except BaseException as exc:
             errors.append(exc)
         finally:
@@ -164,11 +178,11 @@ def test_concurrent_upgrades_do_not_race(url: str) -> None:
 
 
 def test_mark_published_keeps_a_status_the_worker_already_moved(
-    stores: Callable[[str], SqlStore],
+    stores: Callable[[str], BeatStore],
 ) -> None:
     store = stores()
-    store.claim([occ(0), occ(1)], outcome="won_lock", gate=True, now=T0)
-    with store.engine.begin() as conn:
+    store.claim([occ(0), occ(1)], coordination=LOCK, now=T0)
+    with store.database.engine.begin() as conn:
         conn.execute(
             sa.text("UPDATE _voltro_schedule_runs SET status = 'started' WHERE id = :k"),
             {"k": occ(1).key},
@@ -176,37 +190,64 @@ def test_mark_published_keeps_a_status_the_worker_already_moved(
     store.mark_published([occ(0).key, occ(1).key], now=T0)
     assert status(store, occ(0).key)[0] == "published"
     assert status(store, occ(1).key)[0] == "started"
-    assert all(r["published_at"] == T0 for r in store.recent_runs())
+    assert all(r["published_at"] == T0 for r in recent(store))
 
 
-def test_release_stale_is_a_lease(stores: Callable[[str], SqlStore]) -> None:
+def test_release_stale_is_a_lease(stores: Callable[[str], BeatStore]) -> None:
     a, b = stores("a"), stores("b")
-    a.claim([occ(0), occ(1)], outcome="won_lock", gate=True, now=T0)
+    a.claim([occ(0), occ(1)], coordination=LOCK, now=T0)
     a.mark_published([occ(1).key], now=T0)
     later = T0 + timedelta(seconds=30)
     assert b.release_stale(before=T0, now=later, limit=10) == []
     taken = b.release_stale(before=later, now=later, limit=10)
     assert [(p.key, p.task_id) for p in taken] == [(occ(0).key, occ(0).task_id)]
     assert a.release_stale(before=later, now=later, limit=10) == []
-    b.mark_missed([occ(0).key], reason="publish_failed")
+    b.mark_missed([occ(0).key], reason=Reason.PUBLISH_FAILED)
     assert status(b, occ(0).key) == ("missed", "publish_failed")
 
 
-def test_last_scheduled_per_schedule(stores: Callable[[str], SqlStore]) -> None:
+def test_last_scheduled_per_schedule(stores: Callable[[str], BeatStore]) -> None:
     store = stores()
-    store.claim([occ(1), occ(7), occ(3, schedule="b")], outcome="won_lock", gate=True, now=T0)
+    store.claim([occ(1), occ(7), occ(3, schedule="b")], coordination=LOCK, now=T0)
     assert store.last_scheduled(["s", "b", "none"]) == {
         "s": T0 + timedelta(seconds=7),
         "b": T0 + timedelta(seconds=3),
     }
 
 
-def test_sweep_keeps_queued_runs(stores: Callable[[str], SqlStore]) -> None:
+def test_sweep_keeps_queued_runs(stores: Callable[[str], BeatStore]) -> None:
     store = stores()
-    store.claim([occ(0), occ(1, status="queued")], outcome="won_lock", gate=True, now=T0)
+    store.claim([occ(0), occ(1, status=Status.QUEUED)], coordination=LOCK, now=T0)
     gone = store.sweep(claims_before=T0 + timedelta(1), runs_before=T0 + timedelta(1))
     assert gone == (2, 1)
-    assert [r["status"] for r in store.recent_runs()] == ["queued"]
+    assert [r["status"] for r in recent(store)] == ["queued"]
+
+
+@pytest.mark.parametrize("status", ["claimed", "done"])
+def test_the_database_checks_run_statuses(stores: Callable[[str], BeatStore], status: str) -> None:
+    store = stores()
+    store.claim([occ(0)], coordination=LOCK, now=T0)
+    update = sa.text("UPDATE _voltro_schedule_runs SET status = :s")
+    insert = sa.text(
+        "INSERT INTO _voltro_schedule_runs (id, schedule, task, task_id, scheduled_at,"
+        " coordination_outcome, status) VALUES ('x', 's', 't', 'i', :at, 'single', :s)"
+    )
+    for statement in (update, insert):
+        try:
+            with store.database.engine.begin() as conn:
+                conn.execute(statement, {"s": status, "at": T0.isoformat()})
+        except sa.exc.IntegrityError as exc:
+            assert status == "done", exc
+            assert "ck_voltro_runs_status" in str(exc)
+        else:
+            assert status == "claimed"
+
+
+def test_memory_store_is_refused_with_the_alternatives() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Database.open("memory://")
+    assert info.value.field == "voltro_beat_store_url"
+    assert "sqlite:///" in str(info.value) and "postgresql+psycopg://" in str(info.value)
 
 
 def test_naive_datetimes_are_refused() -> None:
@@ -219,7 +260,7 @@ def test_naive_datetimes_are_refused() -> None:
 def test_unreachable_store_raises_store_error() -> None:
     store = open_store("postgresql+psycopg://root@127.0.0.1:1/none", replica="r")
     with pytest.raises(StoreError) as info:
-        store.claim([occ(0)], outcome="won_lock", gate=True, now=T0)
+        store.claim([occ(0)], coordination=LOCK, now=T0)
     assert "127.0.0.1:1" in str(info.value)
 
 
@@ -245,9 +286,9 @@ def test_passwords_are_hidden() -> None:
 
 
 def test_sweep_deletes_in_short_batches(
-    stores: Callable[[str], SqlStore], monkeypatch: pytest.MonkeyPatch
+    stores: Callable[[str], BeatStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_module, "SWEEP_BATCH", 3)
+    monkeypatch.setattr(beat_module, "SWEEP_BATCH", 3)
     store = stores()
-    store.claim([occ(n) for n in range(10)], outcome="won_lock", gate=True, now=T0)
+    store.claim([occ(n) for n in range(10)], coordination=LOCK, now=T0)
     assert store.sweep(claims_before=T0 + timedelta(1), runs_before=T0 + timedelta(1)) == (10, 10)

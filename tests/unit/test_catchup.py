@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from voltro_beat.catchup import MAX_BACKFILL, Backfill, plan
+from voltro_beat.catchup import MAX_BACKFILL, plan
+from voltro_beat.occurrences import Occurrence
 from voltro_beat.schedules import parse_entries
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -25,17 +26,21 @@ def at(seconds: int) -> datetime:
     return NOW - timedelta(seconds=seconds)
 
 
+def fates(fills: list[Occurrence]) -> list[tuple[datetime, str, str | None]]:
+    return [(f.scheduled_at, f.status, f.reason) for f in fills]
+
+
 def test_no_history_starts_from_now() -> None:
     assert plan(entry(), None, NOW) == []
 
 
 def test_latest_publishes_the_newest_and_records_the_rest_missed() -> None:
     # Last recorded 20 s ago; a 5 s interval has 15, 10, 5 and 0 s ago since then.
-    assert plan(entry(catch_up="latest"), at(20), NOW) == [
-        Backfill(at(15), "missed", "catch_up"),
-        Backfill(at(10), "missed", "catch_up"),
-        Backfill(at(5), "missed", "catch_up"),
-        Backfill(NOW, "claimed", None),
+    assert fates(plan(entry(catch_up="latest"), at(20), NOW)) == [
+        (at(15), "missed", "catch_up"),
+        (at(10), "missed", "catch_up"),
+        (at(5), "missed", "catch_up"),
+        (NOW, "claimed", None),
     ]
 
 
@@ -47,7 +52,7 @@ def test_skip_records_everything_missed() -> None:
 
 def test_all_publishes_each_one() -> None:
     fills = plan(entry(catch_up="all"), at(20), NOW)
-    assert [(f.at, f.status) for f in fills] == [
+    assert [(f.scheduled_at, f.status) for f in fills] == [
         (at(15), "claimed"),
         (at(10), "claimed"),
         (at(5), "claimed"),
@@ -58,7 +63,7 @@ def test_all_publishes_each_one() -> None:
 @pytest.mark.parametrize("policy", ["latest", "skip", "all"])
 def test_only_occurrences_within_max_lateness(policy: str) -> None:
     fills = plan(entry(catch_up=policy, max_lateness=12), at(60), NOW)
-    assert [f.at for f in fills] == [at(10), at(5), NOW]
+    assert [f.scheduled_at for f in fills] == [at(10), at(5), NOW]
 
 
 def test_nothing_new_since_the_last_run() -> None:
@@ -69,5 +74,5 @@ def test_nothing_new_since_the_last_run() -> None:
 def test_a_fast_schedule_keeps_only_the_newest_rows() -> None:
     fills = plan(entry(1.0, catch_up="skip"), at(86_000), NOW)
     assert len(fills) == MAX_BACKFILL
-    assert fills[-1].at == NOW
-    assert fills[0].at == at(MAX_BACKFILL - 1)
+    assert fills[-1].scheduled_at == NOW
+    assert fills[0].scheduled_at == at(MAX_BACKFILL - 1)

@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from voltro_beat import ledger
+from voltro_beat import status as statuses
 from voltro_beat.ledger import Event, RunState, apply, progress, transition
-from voltro_beat.tables import STATUSES
+from voltro_beat.status import Status
 
 PUBLISHED = RunState("published")
 TERMINAL_EVENTS = [
@@ -45,9 +46,9 @@ def test_every_event_maps_to_a_known_status() -> None:
     assert set(Event) == set(EXPECTED_STATUS)
     for event, status in EXPECTED_STATUS.items():
         assert transition(event).status == status
-        assert status in STATUSES
-    assert ledger.TERMINAL | ledger.LIVE | {ledger.QUEUED} == set(STATUSES)
-    assert not ledger.TERMINAL & ledger.LIVE
+        assert status in set(Status)
+    assert statuses.TERMINAL | statuses.IN_FLIGHT | {Status.QUEUED} == set(Status)
+    assert not statuses.TERMINAL & statuses.IN_FLIGHT
 
 
 def test_transitions_accept_event_values() -> None:
@@ -128,7 +129,7 @@ def test_transition_shapes_match_the_reference() -> None:
     """The store builds its WHERE clause from these sets; ``apply`` is their meaning."""
     for event in Event:
         move = transition(event)
-        for status, retries, attempt in itertools.product(STATUSES, range(3), range(3)):
+        for status, retries, attempt in itertools.product(Status, range(3), range(3)):
             state = RunState(status, retries)
             moved = apply(state, event, attempt)
             expected = status in move.from_statuses or (
@@ -178,7 +179,7 @@ def test_any_order_ends_in_the_terminal_events_state(
     else:
         # No end yet: the furthest attempt any event reported, whatever the arrival order.
         furthest = max(progress(apply(PUBLISHED, e, a)) for e, a in events)
-        assert final.status in ledger.RUNNING
+        assert final.status in statuses.ON_WORKER
         assert progress(final) == furthest
 
 
@@ -191,7 +192,7 @@ def test_progress_never_goes_back_and_terminal_states_stick(
     for event, attempt in events:
         after = apply(state, event, attempt)
         assert progress(after) >= progress(state)
-        if state.status in ledger.TERMINAL:
+        if state.status in statuses.TERMINAL:
             assert after == state
         if first_terminal is None and event in TERMINAL_EVENTS:
             first_terminal = event

@@ -12,13 +12,8 @@ import pytest
 from celery import Celery
 from celery.schedules import solar
 
-from voltro_beat.exceptions import ConfigurationError, VoltroBeatError
-from voltro_beat.occurrences import (
-    NaiveDatetimeError,
-    next_after,
-    occurrence_key,
-    occurrences_between,
-)
+from voltro_beat.exceptions import ConfigurationError, NaiveDatetimeError, VoltroBeatError
+from voltro_beat.occurrences import next_after, occurrence_key, occurrences_between
 from voltro_beat.schedules import ClockedSpec, IntervalSpec, SolarSpec, to_spec
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)

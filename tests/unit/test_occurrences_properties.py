@@ -20,9 +20,11 @@ from croniter import CroniterBadDateError, croniter
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from voltro_beat.cron import REFERENCE as CRON_REFERENCE
+from voltro_beat.cron import CronSpec
 from voltro_beat.exceptions import ConfigurationError
 from voltro_beat.occurrences import next_after, occurrence_key, occurrences_between
-from voltro_beat.schedules import CRON_REFERENCE, CronSpec, IntervalSpec, Spec, cadence, to_spec
+from voltro_beat.schedules import IntervalSpec, Spec, cadence, to_spec
 
 US = timedelta(microseconds=1)
 MINUTE = timedelta(minutes=1)

@@ -13,11 +13,11 @@ from zoneinfo import ZoneInfo
 import pytest
 from celery import schedules as celery_schedules
 
+from voltro_beat.cron import CronSpec
 from voltro_beat.exceptions import ConfigurationError, VoltroBeatError
 from voltro_beat.schedules import (
     SOLAR_EVENTS,
     ClockedSpec,
-    CronSpec,
     Entry,
     IntervalSpec,
     SolarSpec,

@@ -1,7 +1,8 @@
 """The two tables voltro_beat owns, as SQLAlchemy Core metadata.
 
 ``_voltro_schedule_claims`` is the short fence (pruned fast); ``_voltro_schedule_runs`` is the
-run ledger and the long fence: both are keyed by the occurrence key. The schema itself is
+run ledger and the long fence: both are keyed by the occurrence key (guarantee 4). Status
+sets in predicates and constraints come from :mod:`voltro_beat.status`. The schema itself is
 created by the Alembic migrations in :mod:`voltro_beat.migrations`; this module describes it
 for the queries and must match the latest migration (a test compares them).
 """
@@ -12,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
+    CheckConstraint,
     Column,
     DateTime,
     Dialect,
@@ -25,24 +27,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
+from voltro_beat.status import UNFINISHED, UNPUBLISHED, Status, sql_in
+
 CLAIMS = "_voltro_schedule_claims"
 RUNS = "_voltro_schedule_runs"
 VERSION_TABLE = "_voltro_beat_alembic_version"
-
-#: Every status a run row can hold. ``queued`` waits behind a running predecessor.
-STATUSES = (
-    "claimed",
-    "published",
-    "started",
-    "retrying",
-    "succeeded",
-    "failed",
-    "revoked",
-    "rejected",
-    "missed",
-    "skipped",
-    "queued",
-)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -50,7 +39,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 
     PostgreSQL stores ``timestamptz``; SQLite has no time zone type, so instants are stored as
     naive UTC text (which still sorts correctly) and made aware again on the way out.
-    Naive datetimes are refused on the way in (invariant 8).
+    Naive datetimes are refused on the way in (guarantee 8).
     """
 
     impl = DateTime(timezone=True)
@@ -61,21 +50,19 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         if not isinstance(value, datetime) or value.tzinfo is None:
             raise ValueError(f"voltro_beat stores aware datetimes only, got {value!r}")
-        value = value.astimezone(UTC)
-        if dialect.name == "sqlite":
-            return value.replace(tzinfo=None)
-        return value
+        utc = value.astimezone(UTC)
+        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
-        if value is None:
+        if not isinstance(value, datetime):
             return None
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 #: Runs that are not finished: on their way, running, or waiting behind a predecessor.
-LIVE = "status IN ('claimed', 'published', 'started', 'retrying', 'queued')"
+LIVE = sql_in(UNFINISHED)
+#: Runs beat still has to publish (or record missed).
+PENDING = sql_in(UNPUBLISHED)
 
 metadata = MetaData()
 
@@ -129,7 +116,8 @@ runs = Table(
         "ix_voltro_runs_pending",
         "status",
         "claimed_at",
-        postgresql_where=text("status IN ('claimed', 'queued')"),
-        sqlite_where=text("status IN ('claimed', 'queued')"),
+        postgresql_where=text(PENDING),
+        sqlite_where=text(PENDING),
     ),
+    CheckConstraint(sql_in(Status), name="ck_voltro_runs_status"),
 )

@@ -1,4 +1,4 @@
-"""Run voltro_beat's Alembic migrations on a connection the store hands over."""
+"""Run voltro_beat's Alembic migrations on a connection the database hands over."""
 
 from __future__ import annotations
 

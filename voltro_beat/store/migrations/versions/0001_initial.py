@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from voltro_beat.tables import UTCDateTime
+from voltro_beat.store.tables import UTCDateTime
 
 revision = "0001"
 down_revision = None

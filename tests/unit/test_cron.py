@@ -1,5 +1,5 @@
-"""The shortcuts behind next_after at scale: the plain-expression search agrees with croniter's,
-equal specs share one answer per instant, and parsing shares work per expression.
+"""The cron engine (voltro_beat.cron) at scale: the plain-expression search agrees with
+croniter's, equal specs share one answer per instant, and parsing shares work per expression.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from croniter import CroniterBadDateError, croniter
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from voltro_beat import occurrences
+from voltro_beat import cron
+from voltro_beat.cron import CronSpec
 from voltro_beat.exceptions import ConfigurationError
 from voltro_beat.occurrences import next_after
-from voltro_beat.schedules import CronSpec, _plain_fields, cron_fields, parse_entries, to_spec
+from voltro_beat.schedules import parse_entries, to_spec
 
 HOUR = timedelta(hours=1)
 AFTER = datetime(2024, 5, 14, 10, 17, 23, 456_789, tzinfo=UTC)
@@ -65,7 +66,7 @@ def test_plain_search_agrees_with_croniter(
         it = croniter(expr, wall, day_or=day_or, second_at_beginning=seconds is not None)
     except ValueError:  # croniter refuses it (a range running backwards, say)
         return
-    fields = _plain_fields(it, day_or)
+    fields = cron.plain_fields(it, day_or)
     assert fields is not None
     try:
         expected: datetime | None = it.get_next(datetime)
@@ -87,20 +88,20 @@ def test_l_w_and_hash_fields_are_left_to_croniter(expr: str) -> None:
     except ConfigurationError:
         return
     assert isinstance(spec, CronSpec)
-    assert cron_fields(spec) is None
+    assert cron.fields_of(spec) is None
     expected = croniter(expr, AFTER.replace(tzinfo=None)).get_next(datetime)
     assert next_after(spec, AFTER) == expected.replace(tzinfo=UTC)
 
 
 def test_equal_specs_share_one_search_per_instant(monkeypatch: pytest.MonkeyPatch) -> None:
     searches: list[tuple[CronSpec, datetime]] = []
-    search = occurrences._cron_search
+    search = cron._search
 
     def counting(spec: CronSpec, state: Any, after: datetime) -> datetime | None:
         searches.append((spec, after))
         return search(spec, state, after)
 
-    monkeypatch.setattr(occurrences, "_cron_search", counting)
+    monkeypatch.setattr(cron, "_search", counting)
     entries = parse_entries(
         {f"s{i}": {"task": "t", "schedule": crontab(minute="*")} for i in range(1000)},
         tz="Europe/Berlin",

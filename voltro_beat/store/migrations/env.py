@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from voltro_beat.tables import VERSION_TABLE, metadata
+from voltro_beat.store.tables import VERSION_TABLE, metadata
 
 config = context.config
 connection = config.attributes.get("connection")

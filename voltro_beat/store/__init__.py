@@ -1,0 +1,13 @@
+"""The store: the only code that runs SQL.
+
+* :mod:`~voltro_beat.store.database`: one store URL (PostgreSQL through psycopg 3, or SQLite),
+  its engine, its schema (Alembic, :mod:`~voltro_beat.store.migrations`) and error wrapping;
+* :mod:`~voltro_beat.store.tables`: the tables, as SQLAlchemy Core metadata;
+* :mod:`~voltro_beat.store.beat`: beat's side (claims, run rows, recovery, retention), with
+  :mod:`~voltro_beat.store.postgresql` for its hand-written PostgreSQL statements;
+* :mod:`~voltro_beat.store.run_writer`: the worker's run ledger writes;
+* :mod:`~voltro_beat.store.reads`: what the operator's command reads.
+
+Every driver error is wrapped in :class:`~voltro_beat.exceptions.StoreError` here and nowhere
+else.
+"""

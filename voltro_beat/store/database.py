@@ -1,0 +1,175 @@
+"""One store URL: the engine for its dialect, the schema, and the error wrapping of every
+statement.
+
+Each process side (beat's :class:`~voltro_beat.store.beat.BeatStore`, the worker's
+:class:`~voltro_beat.store.run_writer.RunWriter`, the operator's reads) opens its own
+:class:`Database`; nothing connects until the first statement.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+
+from voltro_beat.exceptions import ConfigurationError, StoreError
+
+T = TypeVar("T")
+
+#: Rows per statement on SQLite, which caps bound parameters per statement.
+SQLITE_CHUNK = 2000
+#: How long a SQLite writer waits for another replica's transaction before giving up.
+SQLITE_BUSY_MS = 30_000
+#: Random 64-bit key of the PostgreSQL advisory lock that serialises schema upgrades.
+MIGRATION_LOCK = 0x766F6C74726F6D67
+#: The setting every URL error names.
+SETTING = "voltro_beat_store_url"
+
+
+def hide_password(url: str) -> str:
+    """``url`` as safe to log: the password replaced with ``***``."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparsable store URL>"
+
+
+class Database:
+    """A PostgreSQL (psycopg 3) or SQLite database holding voltro_beat's tables."""
+
+    def __init__(self, url: URL) -> None:
+        self.dialect = url.get_backend_name()
+        self.display_url = url.render_as_string(hide_password=True)
+        if self.dialect == "postgresql":
+            self.engine = sa.create_engine(
+                url,
+                pool_pre_ping=True,
+                pool_size=2,
+                max_overflow=2,
+                connect_args={
+                    "connect_timeout": 5,
+                    "application_name": "voltro_beat",
+                    # A dead network must fail a statement within seconds (fail closed and
+                    # retry) rather than hang the tick for the kernel's default of minutes.
+                    "keepalives": 1,
+                    "keepalives_idle": 5,
+                    "keepalives_interval": 2,
+                    "keepalives_count": 3,
+                    "tcp_user_timeout": 10_000,
+                },
+            )
+        else:
+            self.engine = sa.create_engine(url, pool_pre_ping=True)
+            _configure_sqlite(self.engine)
+
+    @classmethod
+    def open(cls, url: str) -> Database:
+        """The database at ``url``, without connecting.
+
+        Raises :class:`ConfigurationError` naming ``voltro_beat_store_url`` for a URL that
+        cannot work: unparsable, an unknown dialect or driver, or a dialect voltro_beat does
+        not support. ``postgresql://`` means psycopg 3.
+        """
+        if url.strip() == "memory://":
+            raise ConfigurationError(
+                "memory:// is not a store: beat replicas and workers share their runs through "
+                "a database. Use sqlite:///path (one host; the default is "
+                "sqlite:///voltro-beat.sqlite3) or postgresql+psycopg://... (several hosts)",
+                field=SETTING,
+            )
+        try:
+            parsed = make_url(url)
+        except ArgumentError as exc:
+            raise ConfigurationError(f"cannot parse store URL: {exc}", field=SETTING) from None
+        backend = parsed.get_backend_name()
+        if backend == "postgresql" and parsed.drivername == "postgresql":
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        if backend not in ("postgresql", "sqlite"):
+            raise ConfigurationError(
+                f"unsupported store {hide_password(url)!r}: use postgresql+psycopg://... "
+                "or sqlite:///path",
+                field=SETTING,
+            )
+        try:
+            return cls(parsed)
+        except (NoSuchModuleError, ImportError, ArgumentError) as exc:
+            raise ConfigurationError(
+                f"cannot load the driver for {hide_password(url)!r}: {exc}", field=SETTING
+            ) from None
+
+    @contextmanager
+    def connect(self, *, autocommit: bool = False) -> Iterator[Connection]:
+        """A pooled connection; any driver error inside becomes :class:`StoreError`."""
+        try:
+            with self.engine.connect() as conn:
+                if autocommit:
+                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                yield conn
+        except SQLAlchemyError as exc:
+            raise self.error(exc) from exc
+
+    def error(self, exc: BaseException) -> StoreError:
+        """``exc`` (a driver error) as the :class:`StoreError` voltro_beat raises."""
+        return StoreError(f"store {self.display_url}: {first_line(exc)}")
+
+    def upgrade(self) -> None:
+        """Bring the schema to the newest migration; safe when replicas boot together."""
+        from voltro_beat.store.migrations.runner import upgrade
+
+        with self.connect() as conn, conn.begin():
+            if self.dialect == "postgresql":
+                # Transaction-scoped, so a crash mid-upgrade cannot leave the lock held.
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
+            upgrade(conn)
+
+    def dispose(self, *, close: bool = True) -> None:
+        """Close the pool. ``close=False`` in a forked child: the sockets are the parent's."""
+        self.engine.dispose(close=close)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of a driver error's message (they run on over several lines)."""
+    return str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+
+
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """``items`` in consecutive slices of at most ``size``."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    """WAL, a busy timeout, and ``BEGIN IMMEDIATE`` so that writers queue instead of failing."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy's begin event emit BEGIN itself (pysqlite's own handling defers it).
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
+        # Turning a new file to WAL takes an exclusive lock and SQLite answers "database is
+        # locked" at once, without its busy handler, when replicas open the file together:
+        # retry for as long as the busy timeout would have waited. (WAL is persistent, so
+        # this only ever contends on a brand-new file.)
+        deadline = time.monotonic() + SQLITE_BUSY_MS / 1000
+        while True:
+            try:
+                cursor.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")

@@ -1,0 +1,263 @@
+"""The worker's side of the store: one conditional UPDATE per run-ledger event.
+
+:mod:`voltro_beat.ledger` decides what an event does (a :class:`~voltro_beat.ledger.Transition`),
+:mod:`voltro_beat.signals` calls :meth:`RunWriter.advance` from the worker's signals, and this
+module turns the transition into SQL. Workers run these on every task, often in parallel, so
+each is one statement on a connection kept per thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import SQLAlchemyError
+
+from voltro_beat.ledger import Stamp, Transition
+from voltro_beat.status import Status
+from voltro_beat.store.database import Database
+from voltro_beat.store.tables import runs
+
+logger = logging.getLogger(__name__)
+
+#: A statement of the writer: ``("status",)``, or (stamp, by key, from, attempt from).
+_Shape = tuple[Any, ...]
+_STATUS: _Shape = ("status",)
+
+
+class RunWriter:
+    """Applies ledger transitions to the runs table of ``database`` from one process."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        self._local = threading.local()
+        # Built once per shape: a worker runs the same few statements all day.
+        self._statements: dict[_Shape, sa.Select[Any] | sa.Update] = {}
+        self._sql: dict[_Shape, str] = {}
+
+    def advance(
+        self,
+        move: Transition,
+        *,
+        now: datetime,
+        key: str | None = None,
+        task_id: str | None = None,
+        attempt: int = 0,
+        worker: str | None = None,
+        started_at: datetime | None = None,
+        reason: str | None = None,
+        error: str | None = None,
+    ) -> bool:
+        """Apply ``move`` for an event of ``attempt`` as a single conditional UPDATE; True if
+        the row moved.
+
+        The row is found by ``key``, else by ``task_id``. Nothing moves when the row is missing
+        or its status is not one ``move`` leaves, so duplicate and late events are no-ops and
+        concurrent writers need no read-then-write (PostgreSQL re-checks the WHERE clause
+        against the row a concurrent writer just committed).
+        """
+        if key is None and task_id is None:
+            raise ValueError("advance needs a key or a task id")
+        shape = (move.stamp, key is not None, move.from_statuses, move.attempt_statuses)
+        params = {
+            "l_key": key,
+            "l_task_id": task_id,
+            "l_status": move.status.value,
+            "l_attempt": attempt,
+            "l_retries": move.retries_written(attempt),
+            "l_now": now,
+            "l_worker": worker,
+            "l_started_at": started_at,
+            "l_reason": reason,
+            "l_error": error,
+        }
+        return self._execute(shape, params) is not None
+
+    def status(self, key: str) -> Status | None:
+        """The status of run ``key``, or None if there is no such row."""
+        status = self._execute(_STATUS, {"l_key": key})
+        return None if status is None else Status(status)
+
+    def discard(self) -> None:
+        """Forget the connections without closing them: this process is a forked child, and
+        the sockets belong to the parent, which still uses them."""
+        self._local = threading.local()
+        self.database.dispose(close=False)
+
+    def close(self) -> None:
+        self._drop()
+        self.database.dispose()
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _execute(self, shape: _Shape, params: Mapping[str, Any]) -> Any:
+        """Run the statement ``shape`` on this thread's connection.
+
+        Returns the first column of the first row (None if no row). The worker writes twice
+        per task, so the connection is checked out once and kept (per thread), not taken from
+        the pool per write: a checkout's pre-ping and reset cost more than the UPDATE. A
+        connection the server dropped is replaced and the statement retried once (every
+        statement here is safe to repeat).
+        """
+        for attempt in (1, 2):
+            conn = self._connection()
+            try:
+                if self.database.dialect == "postgresql":
+                    return self._execute_pg(conn, shape, params)
+                # SQLite keeps its BEGIN IMMEDIATE so that writers queue on the busy timeout.
+                with conn.begin():
+                    return conn.execute(self._statement(shape), params).scalar()
+            except SQLAlchemyError as exc:
+                self._drop()
+                lost = isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated
+                if attempt == 1 and lost:
+                    continue
+                raise self.database.error(exc) from exc
+            except Exception as exc:
+                # psycopg's own errors, from the fast path below.
+                driver = conn.connection.dbapi_connection
+                lost = driver is None or driver.closed or getattr(driver, "broken", False)
+                self._drop()
+                if attempt == 1 and lost:
+                    continue
+                raise self.database.error(exc) from exc
+        raise AssertionError("unreachable")
+
+    def _execute_pg(self, conn: Connection, shape: _Shape, params: Mapping[str, Any]) -> Any:
+        # The statement is compiled to SQL once; each write then goes to psycopg directly, in
+        # autocommit: one round trip, and none of SQLAlchemy's per-execution work, which on
+        # a busy worker costs about as much as the UPDATE itself. Parameters are our own
+        # aware datetimes, strings and ints, which psycopg adapts as SQLAlchemy would.
+        sql = self._sql.get(shape)
+        if sql is None:
+            sql = str(self._statement(shape).compile(dialect=self.database.engine.dialect))
+            self._sql[shape] = sql
+        # psycopg 3 is not an asyncio driver: its DB-API connection is the driver's own.
+        driver = conn.connection.dbapi_connection
+        assert driver is not None, "a live connection has a driver connection"
+        row = driver.execute(sql, params).fetchone()
+        return None if row is None else row[0]
+
+    def _connection(self) -> Connection:
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and not conn.closed and not conn.invalidated:
+            return conn
+        conn = None
+        try:
+            conn = self.database.engine.connect()
+            # Out of the pool for good: its session settings (below) never reach another
+            # user of the pool, and no pool finalizer can touch it after a fork (the driver
+            # itself closes a connection only in the process that opened it).
+            conn.detach()
+            if self.database.dialect == "postgresql":
+                driver = conn.connection.dbapi_connection
+                assert driver is not None, "a new connection has a driver connection"
+                # Autocommit: each write is one round trip, no BEGIN/COMMIT.
+                driver.autocommit = True
+                # Status updates do not wait for the WAL flush: a database crash may lose the
+                # last fraction of a second of them (a row then shows an earlier status; claims
+                # and run rows, written by beat, stay fully durable). This halves the ledger's
+                # cost per task and keeps it flat while other writers keep the disk busy. The
+                # statement timeout bounds how long a task can wait on a ledger write (a row
+                # locked by a stuck transaction).
+                driver.execute("SET synchronous_commit = off; SET statement_timeout = 5000")
+        except Exception as exc:
+            if conn is not None:
+                self._local.conn = conn
+                self._drop()
+            raise self.database.error(exc) from exc
+        self._local.conn = conn
+        return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            try:
+                conn.invalidate()
+                conn.close()
+            except Exception:
+                # A broken connection may fail to close; it is being replaced either way.
+                logger.debug("closing a broken ledger connection failed", exc_info=True)
+
+    def _statement(self, shape: _Shape) -> sa.Select[Any] | sa.Update:
+        stmt = self._statements.get(shape)
+        if stmt is None:
+            if shape == _STATUS:
+                stmt = sa.select(runs.c.status).where(
+                    runs.c.id == sa.bindparam("l_key", type_=sa.Text)
+                )
+            else:
+                stmt = self._update(*shape)
+            self._statements[shape] = stmt
+        return stmt
+
+    def _update(
+        self,
+        stamp: Stamp,
+        by_key: bool,
+        from_statuses: frozenset[Status],
+        attempt_statuses: frozenset[Status],
+    ) -> sa.Update:
+        """The UPDATE of one transition shape: the columns its :class:`Stamp` names."""
+        when = runs.c.started_at.type
+        now = sa.bindparam("l_now", type_=when)
+        started = sa.func.coalesce(runs.c.started_at, sa.bindparam("l_started_at", type_=when))
+
+        def among(statuses: frozenset[Status]) -> sa.ColumnElement[bool]:
+            # Inlined: the sets are constants of the state machine, so the SQL text is fixed.
+            listed: list[sa.ColumnElement[Any]] = [
+                sa.literal_column(f"'{s.value}'") for s in Status if s in statuses
+            ]
+            return runs.c.status.in_(listed)
+
+        moves = among(from_statuses)
+        if attempt_statuses:
+            moves = sa.or_(
+                moves,
+                sa.and_(
+                    among(attempt_statuses),
+                    runs.c.retries <= sa.bindparam("l_attempt", type_=sa.Integer),
+                ),
+            )
+        target = (
+            runs.c.id == sa.bindparam("l_key", type_=sa.Text)
+            if by_key
+            else runs.c.task_id == sa.bindparam("l_task_id", type_=sa.Text)
+        )
+        values: dict[str, Any] = {"status": sa.bindparam("l_status", type_=sa.Text)}
+        if stamp is Stamp.START:
+            values.update(
+                started_at=now,
+                worker=sa.bindparam("l_worker", type_=sa.Text),
+                retries=sa.bindparam("l_retries", type_=sa.Integer),
+            )
+        elif stamp is Stamp.RETRY:
+            values.update(
+                retries=sa.bindparam("l_retries", type_=sa.Integer),
+                reason=sa.bindparam("l_reason", type_=sa.Text),
+            )
+        else:
+            if self.database.dialect == "postgresql":
+                seconds: Any = sa.extract(
+                    "epoch", sa.cast(now, sa.DateTime(timezone=True)) - started
+                )
+            else:
+                # julianday() is a double of days: about 10 us of noise, so keep milliseconds.
+                seconds = sa.func.round(
+                    (sa.func.julianday(now) - sa.func.julianday(started)) * 86400.0, 3
+                )
+            values.update(
+                finished_at=now,
+                started_at=started,
+                duration=sa.cast(seconds, sa.Float),
+                error=sa.bindparam("l_error", type_=sa.Text),
+                reason=sa.func.coalesce(sa.bindparam("l_reason", type_=sa.Text), runs.c.reason),
+                worker=sa.func.coalesce(runs.c.worker, sa.bindparam("l_worker", type_=sa.Text)),
+            )
+        return sa.update(runs).where(target, moves).values(**values).returning(runs.c.id)
