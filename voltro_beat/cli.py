@@ -19,6 +19,7 @@ from voltro_beat.status import Status
 from voltro_beat.store import reads
 from voltro_beat.store.database import Database, hide_password
 from voltro_beat.store.migrations import runner as migrations
+from voltro_beat.store.registry import Registry
 
 
 @click.group()
@@ -169,6 +170,52 @@ def runs(store_url: str, schedule: str | None, status: str | None, count: int) -
             _stamp(row["finished_at"]),
         )
     Console(width=max(Console().width, 140)).print(table)
+
+
+@main.command()
+@_store_option
+@click.option(
+    "--max-offset",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Flag clocks further than this many seconds from the database's.",
+)
+def replicas(store_url: str, max_offset: float) -> None:
+    """Print the replica registry: every beat replica that ran recently, and whether it lives.
+
+    A replica is live while its last heartbeat is younger than its publish timeout; times are
+    the database's clock. The clock offset is the replica's local clock minus the database's.
+    """
+    with _errors():
+        database = Database.open(store_url)
+        try:
+            rows = Registry(database).everyone()
+            now = database.time()
+        finally:
+            database.dispose()
+    table = Table(title=f"_voltro_beat_replicas ({len(rows)})")
+    columns = ("name", "host", "pid", "version", "started", "last seen", "live", "clock")
+    for column in (*columns, "offset s", "schedules"):
+        table.add_column(column, no_wrap=True)
+    for r in rows:
+        timeout = float(r.settings.get("publish_timeout", 10))
+        ago = None if r.last_seen is None else (now - r.last_seen).total_seconds()
+        live = ago is not None and ago <= timeout
+        offset = r.clock_offset
+        table.add_row(
+            r.name,
+            r.host,
+            str(r.pid),
+            r.version,
+            _stamp(r.started_at),
+            "" if ago is None else f"{ago:.1f} s ago",
+            "yes" if live else "no",
+            str(r.settings.get("clock", "")),
+            "" if offset is None else f"{offset:+.3f}" + (" !" if abs(offset) > max_offset else ""),
+            r.schedules_digest,
+        )
+    Console(width=max(Console().width, 160)).print(table)
 
 
 def _stamp(at: datetime | None) -> str:
