@@ -52,8 +52,8 @@ BATCH = 100_000
 PUBLISH_CHUNK = 1000
 #: How far ahead of its instant an occurrence is claimed: LEAD_MIN, plus CLAIM_COST per
 #: schedule, so that a burst of every schedule at once is claimed before its boundary.
-#: CLAIM_COST leaves room for three replicas claiming one burst on two cores
-#: (``python -m bench --workloads burst`` measures the claim time in its logs).
+#: CLAIM_COST leaves room for three replicas claiming one burst on two cores (the burst
+#: workload of bench/README.md).
 LEAD_MIN = timedelta(milliseconds=250)
 CLAIM_COST = timedelta(microseconds=300)
 LEAD_MAX = timedelta(seconds=30)

@@ -55,3 +55,15 @@ def test_a_local_clock_keeps_the_local_time_but_reports_the_offset() -> None:
     assert clock.now() == DB + timedelta(seconds=3)
     assert clock.offset is not None
     assert abs(clock.offset - timedelta(seconds=3)) < timedelta(milliseconds=50)
+
+
+def test_the_most_precise_recent_reading_is_kept() -> None:
+    clock = skewed(0)
+    now = time.monotonic()
+    assert clock.observe(DB, now - 0.2, now)  # 100 ms of error
+    assert clock.observe(DB + timedelta(seconds=1), now - 0.0002, now)  # precise: taken
+    assert clock.error == timedelta(microseconds=100)
+    precise = clock.now()
+    assert clock.observe(DB + timedelta(seconds=5), now - 0.2, now)  # coarse: not taken
+    assert abs(clock.now() - precise) < timedelta(milliseconds=50)
+    assert clock.error == timedelta(microseconds=100)

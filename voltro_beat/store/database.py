@@ -135,12 +135,21 @@ class Database:
 
     def time(self) -> datetime:
         """The store's clock now (one round trip on PostgreSQL)."""
+        return self.read_clock()[0]
+
+    def read_clock(self) -> tuple[datetime, float, float]:
+        """A reading of the store's clock, with the monotonic instants just before and just
+        after its round trip: its error is half that round trip, so nothing else is timed (the
+        connection's checkout and ping come before)."""
         if self.dialect != "postgresql":
-            return self.clock()
+            now = time.monotonic()
+            return self.clock(), now, now
         with self.connect(autocommit=True) as conn:
+            sent = time.monotonic()
             value = conn.execute(sa.select(sa.func.clock_timestamp())).scalar_one()
+            received = time.monotonic()
         assert isinstance(value, datetime)
-        return value.astimezone(UTC)
+        return value.astimezone(UTC), sent, received
 
     def upgrade(self) -> None:
         """Bring the schema to the newest migration; safe when replicas boot together."""

@@ -8,6 +8,7 @@ heartbeat's answer is also a reading of the database's clock (:mod:`voltro_beat.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -64,19 +65,44 @@ class Registry:
         with self.database.connect() as conn, conn.begin():
             conn.execute(stmt)
 
-    def heartbeat(self, name: str, clock_offset: float | None) -> datetime | None:
-        """Refresh ``last_seen``; return the database's clock as the statement ran, or None if
-        the row is gone (swept while this replica was away: register again)."""
-        stmt = (
+    def heartbeat(
+        self, name: str, clock_offset: float | None, within: timedelta
+    ) -> tuple[tuple[datetime, float, float], list[Replica]] | None:
+        """Refresh ``last_seen`` and read who else is live, in one round trip.
+
+        Returns a reading of the database's clock (the instant and the monotonic instants
+        around the round trip, see ``Database.read_clock``) and the replicas seen within
+        ``within``, oldest start first (without their schedules); None if this replica's row
+        is gone (swept while it was away: register again).
+        """
+        beat = (
             sa.update(replicas)
             .where(replicas.c.name == name)
             .values(last_seen=self.database.now(), clock_offset=clock_offset)
-            .returning(replicas.c.last_seen)
         )
-        with self.database.connect() as conn, conn.begin():
-            seen = conn.execute(stmt).scalar()
-        assert seen is None or isinstance(seen, datetime)
-        return seen
+        if self.database.dialect != "postgresql":
+            with self.database.connect() as conn, conn.begin():
+                if not conn.execute(beat).rowcount:
+                    return None
+            sent = time.monotonic()
+            return (self.database.clock(), sent, sent), self.live(within)
+        # One statement: the update's CTE, then the live rows as they were before it (this
+        # replica's own row then shows its previous heartbeat, which is live anyway).
+        cte = beat.returning(replicas.c.last_seen.label("now")).cte("beat")
+        stmt = (
+            sa.select(cte.c.now, *_SUMMARY)
+            .select_from(cte.outerjoin(replicas, replicas.c.last_seen >= cte.c.now - within))
+            .order_by(replicas.c.started_at, replicas.c.name)
+        )
+        with self.database.connect(autocommit=True) as conn:
+            sent = time.monotonic()
+            rows = conn.execute(stmt).all()
+            received = time.monotonic()
+        if not rows:
+            return None
+        now = rows[0].now
+        assert isinstance(now, datetime)
+        return (now, sent, received), [_replica(row) for row in rows if row.name is not None]
 
     def live(self, within: timedelta) -> list[Replica]:
         """The replicas seen within ``within``, oldest start first (without their schedules)."""
@@ -113,17 +139,18 @@ class Registry:
 
     def _read(self, stmt: sa.Select[Any]) -> list[Replica]:
         with self.database.connect() as conn:
-            return [
-                Replica(
-                    name=row.name,
-                    host=row.host,
-                    pid=row.pid,
-                    version=row.version,
-                    started_at=row.started_at,
-                    last_seen=row.last_seen,
-                    clock_offset=row.clock_offset,
-                    settings=json.loads(row.settings),
-                    schedules_digest=row.schedules_digest,
-                )
-                for row in conn.execute(stmt)
-            ]
+            return [_replica(row) for row in conn.execute(stmt)]
+
+
+def _replica(row: Any) -> Replica:
+    return Replica(
+        name=row.name,
+        host=row.host,
+        pid=row.pid,
+        version=row.version,
+        started_at=row.started_at,
+        last_seen=row.last_seen,
+        clock_offset=row.clock_offset,
+        settings=json.loads(row.settings),
+        schedules_digest=row.schedules_digest,
+    )
