@@ -166,11 +166,15 @@ class DjangoSite(Site):
         return client
 
 
+# Idempotent: two projects may share one PostgreSQL database.
 _CREATE_USERS = """
 from django.contrib.auth.models import Permission, User
 for name, (staff, superuser, permissions) in {users!r}.items():
-    user = User.objects.create_user(name, password={password!r}, is_staff=staff,
-                                    is_superuser=superuser)
+    user, _ = User.objects.update_or_create(
+        username=name, defaults=dict(is_staff=staff, is_superuser=superuser)
+    )
+    user.set_password({password!r})
+    user.save()
     user.user_permissions.set(Permission.objects.filter(codename__in=permissions))
 """
 

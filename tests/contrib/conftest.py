@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 # admin_sites puts tests/acceptance (vbt_harness) on the path.
-from admin_sites import ROOT
+from admin_sites import ROOT, DjangoSite
 from vbt_harness import (
     POSTGRES_ADMIN_URL,
     REDIS_URL,
@@ -34,6 +34,7 @@ from vbt_harness import (
     wait_until,
 )
 
+from voltro_beat.contrib.django.apps import ROUTER
 from voltro_beat.status import UNFINISHED
 from voltro_beat.store.database import Database
 from voltro_beat.store.tables import claims, runs
@@ -43,7 +44,8 @@ SCHEDULES = (
     Sched("ok-1s", '"* * * * * *"', task="vbt_admin.ok"),
     Sched("boom-2s", "timedelta(seconds=2)", task="vbt_admin.boom"),
     Sched("flaky-3s", "timedelta(seconds=3)", task="vbt_admin.flaky"),
-    Sched("late-1s", '"* * * * * *"', extra={"max_lateness": "1"}, task="vbt_admin.ok"),
+    # Its older occurrences fall past max_lateness while beat is down: missed, or no row.
+    Sched("lateness-3s", '"* * * * * *"', extra={"max_lateness": "3"}, task="vbt_admin.ok"),
 )
 APP = "vbt_admin_proj:app"
 BROKER = REDIS_URL.rsplit("/", 1)[0] + "/13"
@@ -124,10 +126,52 @@ def seeded(workdir: Path, require_service: Callable[[str, str], str]) -> Iterato
         )
 
 
+def failed_run(seeded: Seeded) -> dict[str, object]:
+    """The newest failed run (the Django sites have a task result stored for it)."""
+    return seeded.row(seeded.newest(status="failed")[0])
+
+
+def django_site(seeded: Seeded, root: Path, procs: ProcessSet, kind: str) -> DjangoSite:
+    """A Django project over the seeded store: its tables in the project's PostgreSQL
+    ``default`` database (``kind="postgresql"``, UTC), or copied to a SQLite file under a second
+    alias with the router (``kind="sqlite"``, Europe/Berlin)."""
+    root.mkdir()
+    settings: dict[str, object] = {"VOLTRO_BEAT_CELERY_APP": APP}
+    if kind == "postgresql":
+        url = sa.make_url(seeded.store_url)
+        databases = {
+            "default": {
+                "ENGINE": "django.db.backends.postgresql",
+                "NAME": url.database,
+                "USER": url.username,
+                "HOST": url.host,
+                "PORT": url.port,
+            }
+        }
+    else:
+        store = copy_to_sqlite(seeded.store_url, root / "store.sqlite3")
+        databases = {
+            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(root / "dj.sqlite3")},
+            "voltro": {"ENGINE": "django.db.backends.sqlite3", "NAME": store},
+        }
+        settings.update(
+            VOLTRO_BEAT_DATABASE="voltro", DATABASE_ROUTERS=[ROUTER], TIME_ZONE="Europe/Berlin"
+        )
+    site = DjangoSite.create(
+        root / "project", procs, databases=databases, settings=settings, env=seeded.env
+    )
+    site.shell(
+        "from django_celery_results.models import TaskResult\n"
+        f"TaskResult.objects.get_or_create(task_id={failed_run(seeded)['task_id']!r},"
+        " defaults=dict(status='FAILURE', task_name='vbt_admin.boom'))"
+    )
+    return site
+
+
 def copy_to_sqlite(store_url: str, path: Path) -> str:
-    """A SQLite store (made by voltro_beat's migrations) holding the rows of ``store_url``."""
-    url = f"sqlite:///{path}"
-    target = Database.open(url)
+    """A SQLite store (made by voltro_beat's migrations) holding the rows of ``store_url``;
+    returns the file's path."""
+    target = Database.open(f"sqlite:///{path}")
     target.upgrade()
     source = sa.create_engine(store_url, poolclass=sa.NullPool)
     with source.connect() as read, target.engine.begin() as write:
@@ -136,7 +180,7 @@ def copy_to_sqlite(store_url: str, path: Path) -> str:
             if rows:
                 write.execute(table.insert(), rows)
     target.dispose()
-    return url
+    return str(path)
 
 
 @pytest.fixture(scope="session")

@@ -18,13 +18,10 @@ from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
-import sqlalchemy as sa
 from admin_sites import DjangoSite
-from conftest import APP, Seeded, copy_to_sqlite
+from conftest import Seeded, django_site, failed_run
 from pages import expected_overview, overview
 from vbt_harness import ProcessSet
-
-from voltro_beat.contrib.django.apps import ROUTER
 
 RUNS = "/admin/voltro_beat/run/"
 CLAIMS = "/admin/voltro_beat/claim/"
@@ -36,42 +33,9 @@ PARTS = ("year", "month", "day")
 
 @pytest.fixture(scope="module", params=["postgresql", "sqlite"])
 def site(request: pytest.FixtureRequest, seeded: Seeded, workdir: Path) -> Iterator[DjangoSite]:
-    kind = request.param
-    root = workdir / f"django-{kind}"
-    root.mkdir()
-    settings: dict[str, object] = {"VOLTRO_BEAT_CELERY_APP": APP}
-    if kind == "postgresql":
-        url = sa.make_url(seeded.store_url)
-        databases = {
-            "default": {
-                "ENGINE": "django.db.backends.postgresql",
-                "NAME": url.database,
-                "USER": url.username,
-                "HOST": url.host,
-                "PORT": url.port,
-            }
-        }
-    else:
-        store = copy_to_sqlite(seeded.store_url, root / "store.sqlite3")
-        databases = {
-            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(root / "dj.sqlite3")},
-            "voltro": {"ENGINE": "django.db.backends.sqlite3", "NAME": store.split(":///")[1]},
-        }
-        settings.update(
-            VOLTRO_BEAT_DATABASE="voltro", DATABASE_ROUTERS=[ROUTER], TIME_ZONE="Europe/Berlin"
-        )
     procs = ProcessSet()
     try:
-        made = DjangoSite.create(
-            root / "project", procs, databases=databases, settings=settings, env=seeded.env
-        )
-        # A result django-celery-results stored for the newest failed run.
-        made.shell(
-            "from django_celery_results.models import TaskResult\n"
-            f"TaskResult.objects.create(task_id={failed_run(seeded)['task_id']!r},"
-            " status='FAILURE', task_name='vbt_admin.boom')"
-        )
-        yield made
+        yield django_site(seeded, workdir / f"django-{request.param}", procs, request.param)
     finally:
         procs.close()
 
@@ -80,10 +44,6 @@ def site(request: pytest.FixtureRequest, seeded: Seeded, workdir: Path) -> Itera
 def viewer(site: DjangoSite) -> httpx.Client:
     """A staff user with the view permissions only."""
     return site.login("viewer")
-
-
-def failed_run(seeded: Seeded) -> dict[str, object]:
-    return seeded.row(seeded.newest(status="failed")[0])
 
 
 def keys_on(page: httpx.Response) -> list[str]:

@@ -65,6 +65,11 @@ def lag(scheduled_at: datetime, at: datetime | None) -> float | None:
     return None if at is None else (at - scheduled_at).total_seconds()
 
 
+def instant_text(at: datetime | None) -> str:
+    """``at`` to the millisecond (runs a second apart must read apart); ``-`` for none."""
+    return "-" if at is None else f"{at:%Y-%m-%d %H:%M:%S.%f}"[:-3]
+
+
 def seconds_text(seconds: float | None) -> str:
     """``0.0123`` as ``12 ms``, ``4.5`` as ``4.50 s``, ``125`` as ``2 min 5 s``; ``-`` for none."""
     if seconds is None:

@@ -22,17 +22,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from voltro_beat.contrib import overview
-from voltro_beat.contrib.display import COUNT_CAP, LEGEND, OUTCOMES, capped, colour, seconds_text
+from voltro_beat.contrib.display import (
+    COUNT_CAP,
+    LEGEND,
+    OUTCOMES,
+    capped,
+    colour,
+    instant_text,
+    seconds_text,
+)
 from voltro_beat.contrib.sqladmin.models import Claim, Run
 from voltro_beat.status import Status
 from voltro_beat.store.reads import SCHEDULE_NAMES_SQL
 
 #: sqladmin's "no filter" value.
 ALL = "__all"
-
-
-def _instant(value: datetime) -> str:
-    return f"{value:%Y-%m-%d %H:%M:%S.%f}"[:-3]
 
 
 def _badge(run: Any, _attribute: Any) -> Markup:
@@ -91,7 +95,7 @@ class _ReadOnly(ModelView):
     # Only the order an index serves.
     column_sortable_list = ["scheduled_at"]
     column_default_sort = [("scheduled_at", True), ("id", True)]
-    column_type_formatters = {**BASE_FORMATTERS, datetime: _instant}
+    column_type_formatters = {**BASE_FORMATTERS, datetime: instant_text}
     column_type_formatters_detail = column_type_formatters
 
     def search_query(self, stmt: sa.Select[Any], term: str) -> sa.Select[Any]:
