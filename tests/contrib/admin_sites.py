@@ -96,7 +96,7 @@ class DjangoSite(Site):
         )
         lines = [
             'INSTALLED_APPS += ["voltro_beat.contrib.django", "django_celery_results"]',
-            'ALLOWED_HOSTS = ["127.0.0.1", "localhost"]',
+            'ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]',
             f"DATABASES = {dict(databases)!r}",
             *(f"{name} = {value!r}" for name, value in settings.items()),
         ]

@@ -25,6 +25,8 @@ from voltro_beat.status import TERMINAL, Status
 RECENT = 50
 #: How many next occurrences a line shows.
 UPCOMING = 3
+#: Schedules per page (each one costs a query of its newest runs).
+PAGE_SIZE = 50
 
 
 class Recent(NamedTuple):
@@ -83,6 +85,28 @@ def line(schedule: str, recent: Sequence[Recent], upcoming: Sequence[datetime] =
         median_lag=statistics.median(lags) if lags else None,
         upcoming=tuple(upcoming),
     )
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of the schedules, by name."""
+
+    names: Sequence[str]
+    number: int
+    pages: int
+    total: int
+
+
+def page(names: Sequence[str], requested: str | None) -> Page:
+    """Page ``requested`` (1-based; anything else is page 1, past the end the last) of
+    ``names``, :data:`PAGE_SIZE` a page."""
+    pages = max(1, -(-len(names) // PAGE_SIZE))
+    try:
+        number = min(max(int(requested or 1), 1), pages)
+    except ValueError:
+        number = 1
+    start = (number - 1) * PAGE_SIZE
+    return Page(names[start : start + PAGE_SIZE], number, pages, len(names))
 
 
 def lines(

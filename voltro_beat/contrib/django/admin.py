@@ -40,9 +40,6 @@ from voltro_beat.contrib.display import (
 from voltro_beat.contrib.django.models import Claim, Run, Schedule
 from voltro_beat.store.reads import SCHEDULE_NAMES_SQL
 
-#: Schedules per page of the overview (each one is a query of its newest runs).
-OVERVIEW_PAGE = 50
-
 
 class CappedPaginator(Paginator):
     """Counts at most ``COUNT_CAP + 1`` rows (a LIMIT inside the COUNT), so a page of a
@@ -241,12 +238,12 @@ class ScheduleAdmin(ReadOnlyAdmin):
         now = datetime.now(UTC)
         upcoming = overview.upcoming(getattr(settings, "VOLTRO_BEAT_CELERY_APP", None), now=now)
         names = sorted(set(schedule_names()) | set(upcoming.by_schedule))
-        page = Paginator(names, OVERVIEW_PAGE).get_page(request.GET.get("p"))
+        page = overview.page(names, request.GET.get("page"))
         context = {
             **self.admin_site.each_context(request),
             "title": "Schedules",
             "opts": self.opts,
-            "lines": overview.lines(page.object_list, _recent, upcoming.by_schedule),
+            "lines": overview.lines(page.names, _recent, upcoming.by_schedule),
             "page": page,
             "problem": upcoming.problem,
             "legend": LEGEND,

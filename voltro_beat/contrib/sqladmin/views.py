@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, ClassVar
 
 import anyio
@@ -193,9 +194,11 @@ class SchedulesView(BaseView):
     @expose("/schedules", methods=["GET"], identity="schedules")
     async def schedules(self, request: Request) -> Response:
         upcoming = overview.upcoming(self.celery_app, now=datetime.now(UTC))
-        lines = await self._run(lambda session: _lines(session, upcoming))
+        requested = request.query_params.get("page")
+        page, lines = await self._run(lambda session: _lines(session, upcoming, requested))
         context = {
             "lines": lines,
+            "page": page,
             "problem": upcoming.problem,
             "legend": LEGEND,
             "recent": overview.RECENT,
@@ -214,10 +217,13 @@ class SchedulesView(BaseView):
         return await anyio.to_thread.run_sync(run)
 
 
-def _lines(session: Any, upcoming: overview.Upcoming) -> list[overview.Line]:
+def _lines(
+    session: Any, upcoming: overview.Upcoming, requested: str | None
+) -> tuple[overview.Page, list[overview.Line]]:
     names = session.execute(sa.text(SCHEDULE_NAMES_SQL)).scalars().all()
-    every = sorted({*names, *upcoming.by_schedule})
-    return overview.lines(every, lambda name: _recent(session, name), upcoming.by_schedule)
+    page = overview.page(sorted({*names, *upcoming.by_schedule}), requested)
+    recent_of = partial(_recent, session)
+    return page, overview.lines(page.names, recent_of, upcoming.by_schedule)
 
 
 def _recent(session: Any, schedule: str) -> list[overview.Recent]:
