@@ -1,7 +1,7 @@
 """The admin pages on a big run table: time to first byte and queries per page.
 
     .venv/bin/python -m bench.admin                      # 1,000,000 rows, about 2 minutes
-    .venv/bin/python -m bench.admin --rows 100000 --plans plans.md
+    .venv/bin/python -m bench.admin --rows 100000 --plans plans.md --keep
 
 Fills a dedicated PostgreSQL database (``voltro_bench_admin``, dropped and made again) with
 ``--rows`` run rows: ``--schedules`` schedules due together every minute, back from now (a
@@ -17,7 +17,7 @@ Then it serves the Django admin (a ``startproject`` project, ``runserver``, DEBU
   SQLAlchemy's cursor events under Starlette's test client), and the time they took.
 
 ``--plans FILE`` writes ``EXPLAIN (ANALYZE, BUFFERS)`` of every statement the Django pages run
-on voltro_beat's tables.
+on voltro_beat's tables. The database is dropped at the end unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -211,6 +211,7 @@ def main() -> None:
     parser.add_argument("--schedules", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--plans", type=Path, help="write the Django pages' query plans here")
+    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
     args = parser.parse_args()
 
     print(f"seeding {args.rows:,} rows ...", flush=True)
@@ -259,6 +260,9 @@ def main() -> None:
             print(f"\nplans: {args.plans}")
     finally:
         procs.close()
+        if not args.keep:
+            with psycopg.connect(f"{SERVER}/postgres", autocommit=True) as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
 
 
 if __name__ == "__main__":
