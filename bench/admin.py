@@ -16,6 +16,7 @@ Then it serves the Django admin (a ``startproject`` project, ``runserver``, DEBU
 * the statements it runs, counted in-process (Django's test client in ``manage.py shell``,
   SQLAlchemy's cursor events under Starlette's test client), and the time they took.
 
+It prints a markdown table and writes ``bench/results/admin.json``.
 ``--plans FILE`` writes ``EXPLAIN (ANALYZE, BUFFERS)`` of every statement the Django pages run
 on voltro_beat's tables. The database is dropped at the end unless ``--keep``.
 """
@@ -240,6 +241,7 @@ def main() -> None:
             "\n| page | Django TTFB | Django queries (voltro tables) | sqladmin TTFB "
             "| sqladmin queries |\n|---|---|---|---|---|"
         )
+        results: dict[str, Any] = {"rows": args.rows, "seed": timings, "pages": {}}
         for name in PAGES:
             d_status, d_ttfb = ttfb(django.base, django_pages[name], django_cookie, args.repeat)
             s_status, s_ttfb = ttfb(
@@ -251,10 +253,19 @@ def main() -> None:
             s_queries = sqladmin_counts[name][1]
             s_ms = sum(float(q["time"]) for q in s_queries) * 1000
             assert {d_status, s_status, django_counts[name][0], sqladmin_counts[name][0]} == {200}
+            results["pages"][name] = {
+                "django": {"ttfb_s": d_ttfb, "queries": len(d_queries), "voltro_queries": len(ours),
+                           "voltro_query_ms": d_ms},
+                "sqladmin": {"ttfb_s": s_ttfb, "queries": len(s_queries), "query_ms": s_ms},
+            }  # fmt: skip
             print(
                 f"| {name} | {d_ttfb * 1000:.0f} ms | {len(d_queries)} ({len(ours)}, "
                 f"{d_ms:.1f} ms) | {s_ttfb * 1000:.0f} ms | {len(s_queries)} ({s_ms:.1f} ms) |"
             )  # fmt: skip
+        out = ROOT / "bench" / "results" / "admin.json"
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps(results, indent=2))
+        print(f"\nresults: {out}")
         if args.plans:
             args.plans.write_text(explain(django_counts))
             print(f"\nplans: {args.plans}")
