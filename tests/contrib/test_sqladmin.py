@@ -69,7 +69,7 @@ def test_runs_list_newest_first(operator: httpx.Client, seeded: Seeded) -> None:
     page = operator.get(RUNS)
     assert keys_on(page) == seeded.newest()[:PAGE]
     assert f"of {len(seeded.rows)} items" in page.text
-    for label in ("key", "schedule", "scheduled_at", "status", "reason", "outcome", "replica",
+    for label in ("key", "schedule", "scheduled at", "status", "reason", "outcome", "replica",
                   "worker", "publish lag", "duration", "retries"):  # fmt: skip
         assert f">{label}<" in page.text or f"{label}\n" in page.text, label
     assert "background:#c62828" in page.text  # a red badge: failed

@@ -157,6 +157,10 @@ class RunAdmin(_ReadOnly, model=Run):
         "coordination_outcome": "outcome",
         "publish_lag": "publish lag",
         "task_id": "task id",
+        **{
+            f"{at}_at": f"{at} at"
+            for at in ("scheduled", "claimed", "published", "started", "finished")
+        },
     }
     column_formatters = {"status": _badge, "publish_lag": _seconds, "duration": _seconds}
     column_formatters_detail = {**column_formatters, "error": _error}
@@ -174,7 +178,7 @@ class ClaimAdmin(_ReadOnly, model=Claim):
     name_plural = "Claims"
     icon = "fa-solid fa-flag"
     column_list = ["id", "schedule", "scheduled_at", "claimed_at", "replica"]
-    column_labels = {"id": "key"}
+    column_labels = {"id": "key", "scheduled_at": "scheduled at", "claimed_at": "claimed at"}
     column_searchable_list = ["id"]
     column_filters = [_PeriodFilter()]
 
