@@ -12,6 +12,28 @@ from typing import Any
 from voltro_beat.contrib.overview import RECENT
 from voltro_beat.status import TERMINAL, Status
 
+#: The columns of both runs lists, as their headings read.
+COLUMNS = (
+    "schedule",
+    "scheduled at",
+    "status",
+    "reason",
+    "outcome",
+    "replica",
+    "worker",
+    "publish lag",
+    "duration",
+    "retries",
+)
+#: The filters both runs lists are checked with: the columns and values they keep.
+FILTERS = (
+    {"status": "failed"},
+    {"status": "missed"},
+    {"coordination_outcome": "won_lock"},
+    {"schedule": "boom-2s"},
+    {"schedule": "flaky-3s", "status": "succeeded"},
+)
+
 _ROW = re.compile(r'<tr data-schedule="([^"]+)">(.*?)</tr>', re.S)
 _INSTANT = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 

@@ -8,6 +8,7 @@ with ``VBT_SCREENSHOTS=docs/images .venv/bin/python -m pytest tests/contrib/test
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,43 +40,82 @@ def click(browser: Any, selector: str) -> None:
     ).click()
 
 
-def log_in(browser: Any, url: str, user: str, submit: str) -> None:
-    browser.get(url)
+@dataclass(frozen=True)
+class Admin:
+    """Where one admin keeps what the walk uses."""
+
+    name: str
+    login: str
+    submit: str
+    runs: str
+    failed_filter: str
+    badges: str
+    first_run: str
+    to_schedules: str
+    #: What a failed run's page shows besides the error.
+    run_shows: tuple[str, ...] = ()
+
+
+DJANGO = Admin(
+    name="django",
+    login="/admin/login/",
+    submit="input[type=submit]",
+    runs="/admin/voltro_beat/run/",
+    failed_filter='#changelist-filter a[href*="status__exact=failed"]',
+    badges="td.field-status_badge",
+    first_run="#result_list th.field-id a",
+    to_schedules=".object-tools a",
+    run_shows=("FAILURE",),  # the link to django-celery-results' result
+)
+SQLADMIN = Admin(
+    name="sqladmin",
+    login="/admin/login",
+    submit="button[type=submit]",
+    runs="/admin/run/list",
+    failed_filter='a[href*="status=failed"]',
+    badges="tbody .badge",
+    first_run='tbody a[href*="/admin/run/details/"]',
+    to_schedules='a[href$="/admin/schedules"]',
+)
+
+
+def walk(browser: Any, base: str, user: str, admin: Admin, seeded: Seeded, shots: Path) -> None:
+    """Log in, open the runs, filter failed, open a run, open the schedules; a screenshot
+    of each page."""
+    browser.get(base + admin.login)
     wait_for(browser, "input[name=username]").send_keys(user)
     browser.find_element(By.CSS_SELECTOR, "input[name=password]").send_keys(PASSWORD)
-    click(browser, submit)
+    click(browser, admin.submit)
+    WebDriverWait(browser, 20).until(expected_conditions.url_changes(base + admin.login))
+
+    browser.get(base + admin.runs)
+    wait_for(browser, admin.badges)
+    browser.save_screenshot(str(shots / f"{admin.name}-runs.png"))
+
+    click(browser, admin.failed_filter)
+    WebDriverWait(browser, 20).until(expected_conditions.url_contains("failed"))
+    assert {e.text for e in browser.find_elements(By.CSS_SELECTOR, admin.badges)} == {"failed"}
+    browser.save_screenshot(str(shots / f"{admin.name}-runs-failed.png"))
+
+    click(browser, admin.first_run)
+    wait_for(browser, "pre")
+    for text in ("ValueError: boom", *admin.run_shows):
+        assert text in browser.page_source, text
+    browser.save_screenshot(str(shots / f"{admin.name}-run.png"))
+
+    browser.get(base + admin.runs)
+    click(browser, admin.to_schedules)
+    wait_for(browser, "tr[data-schedule]")
+    shown = browser.find_elements(By.CSS_SELECTOR, "tr[data-schedule]")
+    assert len(shown) == len({r["schedule"] for r in seeded.rows})
+    browser.save_screenshot(str(shots / f"{admin.name}-schedules.png"))
 
 
 def test_django_admin_in_chromium(
     browser: Any, seeded: Seeded, workdir: Path, procs: ProcessSet, screenshots: Path
 ) -> None:
     site = django_site(seeded, workdir / "django-browser", procs, "postgresql")
-    log_in(browser, f"{site.base}/admin/login/", "viewer", "input[type=submit]")
-    wait_for(browser, "#user-tools")
-
-    browser.get(f"{site.base}/admin/voltro_beat/run/")
-    wait_for(browser, "#result_list")
-    browser.save_screenshot(str(screenshots / "django-runs.png"))
-
-    click(browser, '#changelist-filter a[href*="status__exact=failed"]')
-    wait_for(browser, '#changelist-filter li.selected a[href*="status__exact=failed"]')
-    statuses = {e.text for e in browser.find_elements(By.CSS_SELECTOR, "td.field-status_badge")}
-    assert statuses == {"failed"}
-    browser.save_screenshot(str(screenshots / "django-runs-failed.png"))
-
-    click(browser, "#result_list th.field-id a")
-    wait_for(browser, "fieldset")
-    assert "ValueError: boom" in browser.page_source
-    assert "FAILURE" in browser.page_source  # the link to django-celery-results' result
-    browser.save_screenshot(str(screenshots / "django-run.png"))
-
-    browser.get(f"{site.base}/admin/voltro_beat/run/")
-    click(browser, ".object-tools a")
-    wait_for(browser, ".vb-overview")
-    assert len(browser.find_elements(By.CSS_SELECTOR, "tr[data-schedule]")) == len(
-        {r["schedule"] for r in seeded.rows}
-    )
-    browser.save_screenshot(str(screenshots / "django-schedules.png"))
+    walk(browser, site.base, "viewer", DJANGO, seeded, screenshots)
 
 
 def test_sqladmin_in_chromium(
@@ -86,24 +126,4 @@ def test_sqladmin_in_chromium(
     site = SqladminSite.start(
         root, procs, seeded.store_url, args=("--celery-app", APP), env=seeded.env
     )
-    log_in(browser, f"{site.base}/admin/login", str(site.user), "button[type=submit]")
-    wait_for(browser, "#navbar-menu")
-
-    browser.get(f"{site.base}/admin/run/list")
-    wait_for(browser, "table")
-    browser.save_screenshot(str(screenshots / "sqladmin-runs.png"))
-
-    click(browser, 'a[href*="status=failed"]')
-    WebDriverWait(browser, 20).until(expected_conditions.url_contains("status=failed"))
-    badges = {e.text for e in browser.find_elements(By.CSS_SELECTOR, "tbody .badge")}
-    assert badges == {"failed"}
-    browser.save_screenshot(str(screenshots / "sqladmin-runs-failed.png"))
-
-    click(browser, 'tbody a[href*="/admin/run/details/"]')
-    wait_for(browser, "pre")
-    assert "ValueError: boom" in browser.page_source
-    browser.save_screenshot(str(screenshots / "sqladmin-run.png"))
-
-    click(browser, 'a[href$="/admin/schedules"]')
-    wait_for(browser, "tr[data-schedule]")
-    browser.save_screenshot(str(screenshots / "sqladmin-schedules.png"))
+    walk(browser, site.base, str(site.user), SQLADMIN, seeded, screenshots)

@@ -57,7 +57,7 @@ def _instant(field: str, label: str) -> Any:
     @admin.display(description=label, ordering=field)
     def show(_admin: Any, row: Any) -> str:
         at = getattr(row, field)
-        return instant_text(None if at is None else timezone.localtime(at))
+        return instant_text(timezone.localtime(at) if at and timezone.is_aware(at) else at)
 
     return show
 
@@ -85,7 +85,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-def schedule_names() -> list[str]:
+def _schedule_names() -> list[str]:
     """The schedules that have runs (a loose index scan, not a DISTINCT over every row)."""
     with connections[router.db_for_read(Run)].cursor() as cursor:
         cursor.execute(SCHEDULE_NAMES_SQL)
@@ -97,14 +97,14 @@ class ScheduleFilter(admin.SimpleListFilter):
     parameter_name = "schedule"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(name, name) for name in schedule_names()]
+        return [(name, name) for name in _schedule_names()]
 
     def queryset(self, request: HttpRequest, queryset: Any) -> Any:
         value = self.value()
         return queryset if value is None else queryset.filter(schedule=value)
 
 
-def badge(status: str) -> SafeString:
+def _badge(status: str) -> SafeString:
     return format_html(
         '<span style="background:{};color:#fff;border-radius:4px;padding:1px 7px;'
         'white-space:nowrap">{}</span>',
@@ -156,7 +156,7 @@ class RunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: Run) -> SafeString:
-        return badge(run.status)
+        return _badge(run.status)
 
     @admin.display(description="publish lag")
     def publish_lag(self, run: Run) -> str:
@@ -237,7 +237,7 @@ class ScheduleAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         now = datetime.now(UTC)
         upcoming = overview.upcoming(getattr(settings, "VOLTRO_BEAT_CELERY_APP", None), now=now)
-        names = sorted(set(schedule_names()) | set(upcoming.by_schedule))
+        names = sorted(set(_schedule_names()) | set(upcoming.by_schedule))
         page = overview.page(names, request.GET.get("page"))
         context = {
             **self.admin_site.each_context(request),
