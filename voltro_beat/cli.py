@@ -218,6 +218,42 @@ def replicas(store_url: str, max_offset: float) -> None:
     Console(width=max(Console().width, 160)).print(table)
 
 
+@main.command()
+@_store_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--no-auth",
+    is_flag=True,
+    help="Serve without a login (only with a loopback --host).",
+)
+@click.option(
+    "--celery-app",
+    default=None,
+    help='The Celery app ("proj.celery:app") whose beat_schedule the schedules page reads.',
+)
+def admin(store_url: str, host: str, port: int, no_auth: bool, celery_app: str | None) -> None:
+    """Serve read-only admin pages of the run and claims tables (sqladmin).
+
+    The login is VOLTRO_BEAT_ADMIN_USER / VOLTRO_BEAT_ADMIN_PASSWORD from the environment;
+    without them the command refuses to start, unless told --no-auth on a loopback address.
+    """
+    try:
+        import uvicorn
+
+        from voltro_beat.contrib.sqladmin import server
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the admin needs the sqladmin extra: pip install 'voltro-beat[sqladmin]' ({exc})"
+        ) from None
+    with _errors():
+        app = server.create_app(
+            store_url, server.login_from_environment(host, no_auth=no_auth), celery_app=celery_app
+        )
+    click.echo(f"voltro_beat admin of {hide_password(store_url)} on http://{host}:{port}/admin/")
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
 def _stamp(at: datetime | None) -> str:
     return "" if at is None else f"{at:%Y-%m-%d %H:%M:%S.%f}"[:-3]
 

@@ -111,7 +111,11 @@ runs = Table(
     # The instant plus the entry's max_lateness: never published after it (guarantee 6).
     Column("deadline", UTCDateTime),
     Index("ix_voltro_runs_schedule_at", "schedule", "scheduled_at"),
-    Index("ix_voltro_runs_scheduled_at", "scheduled_at"),
+    # Newest first (the retention sweep, `voltro-beat runs`, the admin's pages), also within
+    # one status or coordination outcome (the admin's filters); the key breaks ties.
+    Index("ix_voltro_runs_newest", "scheduled_at", "id"),
+    Index("ix_voltro_runs_status_newest", "status", "scheduled_at", "id"),
+    Index("ix_voltro_runs_outcome_newest", "coordination_outcome", "scheduled_at", "id"),
     Index("ix_voltro_runs_task_id", "task_id"),
     # Unfinished runs of a schedule, for the overlap policies: small once workers record
     # their outcomes (voltro_beat.attach), however long the runs retention.
