@@ -26,9 +26,9 @@ import redis
 from celery import Celery
 
 from voltro_beat import publisher as publisher_module
+from voltro_beat.dispatch import CHUNK
 from voltro_beat.occurrences import task_id_for
 from voltro_beat.publisher import Publisher
-from voltro_beat.scheduler import PUBLISH_CHUNK
 from voltro_beat.schedules import Entry, parse_entries
 
 QUEUE = "bench_publish"
@@ -70,8 +70,8 @@ def publisher_run(
         start = time.perf_counter()
         publisher.prepare(entries)
         prepared = time.perf_counter()
-        for i in range(0, len(messages), PUBLISH_CHUNK):
-            publisher.publish(messages[i : i + PUBLISH_CHUNK])
+        for i in range(0, len(messages), CHUNK):
+            publisher.publish(messages[i : i + CHUNK])
         done = time.perf_counter()
     pushed = sum(isinstance(t, publisher_module._RedisPush) for t in publisher._templates.values())
     assert pushed == (len(entries) if fast else 0), pushed

@@ -13,13 +13,12 @@ tick while they are within ``max_lateness``. Nothing escapes :meth:`tick`.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
-import threading
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
@@ -27,10 +26,11 @@ from typing import Any
 
 from celery import beat
 
-from voltro_beat import catchup, overlap
+from voltro_beat import catchup, dispatch, overlap
 from voltro_beat.clock import Clock, ClockMode
 from voltro_beat.config import Settings
-from voltro_beat.exceptions import ConfigurationError, PublishError, StoreError
+from voltro_beat.dispatch import Dispatcher, Fenced
+from voltro_beat.exceptions import ConfigurationError, StoreError
 from voltro_beat.membership import FORGET_AFTER, Membership
 from voltro_beat.occurrences import Occurrence, next_after
 from voltro_beat.publisher import Publisher
@@ -46,10 +46,6 @@ logger = logging.getLogger(__name__)
 RETRY_DELAY = 1.0
 #: Occurrences per claim statement: a tick claims everything due in one round trip up to this.
 BATCH = 100_000
-#: Messages per broker write: each chunk is fenced in the store right before its write and
-#: marked right after the broker confirmed it, so a crash between a write and its mark can
-#: leave at most one chunk to be sent again (guarantee 10).
-PUBLISH_CHUNK = 1000
 #: How far ahead of its instant an occurrence is claimed: LEAD_MIN, plus CLAIM_COST per
 #: schedule, so that a burst of every schedule at once is claimed before its boundary.
 #: CLAIM_COST leaves room for three replicas claiming one burst on two cores (the burst
@@ -103,6 +99,7 @@ class VoltroScheduler(beat.Scheduler):
     _queue_policy: list[str]
     _store: BeatStore
     _publisher: Publisher
+    _dispatch: Dispatcher
     _clock: Clock
     _membership: Membership
 
@@ -112,17 +109,15 @@ class VoltroScheduler(beat.Scheduler):
         self._booted = False
         #: Schedules by the time their next occurrences are to be claimed.
         self._queue: list[tuple[datetime, int, _Due]] = []
-        #: Occurrences this replica won, by instant: published when it comes, if the publish
-        #: fence finds them still this replica's.
+        #: Occurrences this replica won, by instant: fenced shortly before it, published at it.
         self._ready: list[tuple[datetime, str, Occurrence]] = []
+        #: Fenced chunks, oldest instant first: published when their instant comes.
+        self._armed: collections.deque[tuple[datetime, Fenced]] = collections.deque()
         self._lead = LEAD_MIN
         self._seq = itertools.count()
         self._store_down_since: datetime | None = None
         #: The entries Celery's ``install_default_entries`` adds (see ``update_from_dict``).
         self._default_entries: dict[str, Mapping[str, Any]] = {}
-        self._broker_down = False
-        #: Published, but the store failed before they were marked: retried first thing.
-        self._unmarked: list[str] = []
         #: Heap items whose message templates are not built yet, soonest first.
         self._unprepared: list[tuple[datetime, int, _Due]] = []
         self._next_recovery = datetime.min.replace(tzinfo=UTC)
@@ -188,6 +183,9 @@ class VoltroScheduler(beat.Scheduler):
             Registry(database), self._clock, settings, self._entries, version("voltro-beat")
         )
         self._publisher = Publisher(self.app, write_timeout=self._write_timeout)
+        self._dispatch = Dispatcher(
+            store, self._publisher, self._entries, self._lease, self._clock.now
+        )
         self._configured = True
 
     def _overlap_timeout(self, entry: Entry) -> timedelta:
@@ -236,9 +234,7 @@ class VoltroScheduler(beat.Scheduler):
 
     def _tick(self) -> float:
         clock = self._clock
-        if self._unmarked:
-            self._note_lost(self._store.mark_published(self._unmarked))
-            self._unmarked = []
+        self._dispatch.mark_unmarked()
         if not self._booted:
             self._boot()
         # What is due first (the heartbeat before claims: it says which schedules are
@@ -308,22 +304,28 @@ class VoltroScheduler(beat.Scheduler):
         self._unprepared = sorted(self._queue)
 
     def _publish_ready(self) -> None:
-        """Publish the occurrences won ahead whose instant has come, a chunk at a time.
+        """Fence the occurrences won ahead whose instant is near, and publish those whose
+        instant has come.
 
-        An occurrence the fence no longer finds this replica's (its lease ran out while this
-        process was paused; another replica took it over) is not sent. If the broker fails,
-        what is left of this instant stays ``claimed`` and goes to recovery once its lease
-        runs out.
+        The fence comes half a claim lead before the instant, so that at the instant only the
+        broker writes and the marks are left; an occurrence the fence no longer finds this
+        replica's (its lease ran out while this process was paused, another replica took it
+        over) is not sent. If the broker fails, what is left of the instant stays ``claimed``
+        and goes to recovery once its lease runs out.
         """
-        while self._ready and self._ready[0][0] <= self._clock.now():
-            now = self._clock.now()
+        fence_until = self._clock.now() + self._fence_lead
+        while self._ready and self._ready[0][0] <= fence_until:
+            at = self._ready[0][0]
             chunk: list[Occurrence] = []
-            while len(chunk) < PUBLISH_CHUNK and self._ready and self._ready[0][0] <= now:
+            while len(chunk) < dispatch.CHUNK and self._ready and self._ready[0][0] == at:
                 chunk.append(heapq.heappop(self._ready)[2])
-            if not self._send(chunk):
-                while self._ready and self._ready[0][0] <= now:
-                    heapq.heappop(self._ready)
-                return
+            self._armed.append((at, self._dispatch.fence(chunk)))
+        due: list[Fenced] = []
+        now = self._clock.now()
+        while self._armed and self._armed[0][0] <= now:
+            due.append(self._armed.popleft()[1])
+        if due and not self._dispatch.deliver(due):
+            self._armed = collections.deque(a for a in self._armed if a[0] > now)
 
     def _fire_due(self, now: datetime) -> None:
         """Claim the occurrences whose claim time has come (their instant minus the lead).
@@ -415,7 +417,7 @@ class VoltroScheduler(beat.Scheduler):
             if now - run.scheduled_at > entry.max_lateness:
                 self._store.mark_missed([run.key], reason=Reason.LATE, waiting=Status.QUEUED)
             elif self._store.promote(run.key, lease=self._lease):
-                self._send([run])
+                self._dispatch.send([run])
 
     def _occurrence(self, entry: Entry, at: datetime, now: datetime) -> Occurrence:
         """The occurrence of ``entry`` at ``at`` to record now: ``claimed`` until its
@@ -455,93 +457,6 @@ class VoltroScheduler(beat.Scheduler):
                 else:
                     logger.info("voltro_beat: %s recorded %s (%s)", o.key, o.status, o.reason)
 
-    def _send(self, occurrences: Sequence[Occurrence]) -> bool:
-        """Fence, publish and mark ``occurrences`` (at most a chunk); False if the broker
-        failed.
-
-        The fence is the last statement before the broker write: what the store no longer
-        lets this replica send is dropped (guarantee 10). While the write is under way the
-        leases are renewed from a thread of their own, so a broker that is merely slow does
-        not hand the runs to recovery; a paused process renews nothing.
-        """
-        fenced = self._store.fence([o.key for o in occurrences], hold=self._lease)
-        if len(fenced) < len(occurrences):
-            logger.warning(
-                "voltro_beat: %d claimed runs no longer held by this replica (paused past "
-                "their lease, taken over, or past their deadline): not sent",
-                len(occurrences) - len(fenced),
-            )
-        chunk = [o for o in occurrences if o.key in fenced]
-        if not chunk:
-            return True
-        with self._renewing(fenced):
-            sent = self._publish(chunk)
-        self._mark(sent)
-        return len(sent) == len(chunk)
-
-    @contextmanager
-    def _renewing(self, keys: Collection[str]) -> Iterator[None]:
-        """Renew the leases of ``keys`` every third of a lease until the block ends."""
-        done = threading.Event()
-
-        def renew() -> None:
-            while not done.wait(self._lease.total_seconds() / 3):
-                try:
-                    self._store.fence(keys, hold=self._lease)
-                except StoreError as exc:
-                    logger.debug("voltro_beat: could not renew leases: %s", exc)
-
-        renewer = threading.Thread(target=renew, name="voltro-beat-lease", daemon=True)
-        renewer.start()
-        try:
-            yield
-        finally:
-            done.set()
-            renewer.join()
-
-    def _publish(self, occurrences: Sequence[Occurrence]) -> list[str]:
-        """Send ``occurrences``; return the keys the broker confirmed."""
-        messages = []
-        for o in occurrences:
-            entry = self._entries[o.schedule]
-            logger.info("Scheduler: Sending due task %s (%s) as %s", entry.name, entry.task, o.key)
-            messages.append((entry, o.key, o.task_id))
-        if not messages:
-            return []
-        try:
-            self._publisher.publish(messages)
-            published = [key for _, key, _ in messages]
-        except PublishError as exc:
-            # Fail closed: what the broker did not confirm stays ``claimed``; once its lease
-            # runs out a recovery sweep republishes it with the same task ids.
-            if not self._broker_down:
-                logger.warning("voltro_beat: broker unreachable, will retry: %s", exc)
-            self._broker_down = True
-            published = [key for _, key, _ in messages[: exc.confirmed]]
-        else:
-            if self._broker_down:
-                logger.warning("voltro_beat: broker is reachable again")
-            self._broker_down = False
-        return published
-
-    def _mark(self, published: list[str]) -> None:
-        if published:
-            try:
-                self._note_lost(self._store.mark_published(published))
-            except StoreError:
-                self._unmarked.extend(published)
-                raise
-
-    def _note_lost(self, lost: Collection[str]) -> None:
-        if lost:
-            logger.warning(
-                "voltro_beat: %d runs were sent after their lease ran out (this replica was "
-                "paused between fence and broker write); another replica may send them too, "
-                "with the same task ids: %s",
-                len(lost),
-                ", ".join(sorted(lost)[:5]),
-            )
-
     # -- maintenance ----------------------------------------------------------------------
 
     def _recover(self) -> None:
@@ -555,7 +470,7 @@ class VoltroScheduler(beat.Scheduler):
             return
         started = time.monotonic()
         while time.monotonic() - started < self._lease.total_seconds() / 2:
-            expired = self._store.expire(known=self._membership.known, limit=PUBLISH_CHUNK)
+            expired = self._store.expire(known=self._membership.known, limit=dispatch.CHUNK)
             for reason in sorted({o.reason or "" for o in expired}):
                 logger.warning(
                     "voltro_beat: %d unpublished runs past their deadline recorded missed (%s)",
@@ -565,13 +480,13 @@ class VoltroScheduler(beat.Scheduler):
             taken = self._store.take_over(
                 schedules=self._entries.keys() - self._membership.yielded.keys(),
                 hold=self._lease,
-                limit=PUBLISH_CHUNK,
+                limit=dispatch.CHUNK,
             )
             if taken:
                 logger.warning("voltro_beat: republishing %d unconfirmed runs", len(taken))
-                if not self._send(taken):
+                if not self._dispatch.send(taken):
                     return
-            if len(expired) < PUBLISH_CHUNK and len(taken) < PUBLISH_CHUNK:
+            if len(expired) < dispatch.CHUNK and len(taken) < dispatch.CHUNK:
                 return
 
     def _sweep(self, now: datetime) -> None:
@@ -590,6 +505,13 @@ class VoltroScheduler(beat.Scheduler):
         """How long a claim (or a fenced publish) is this replica's alone: after it, recovery
         may take the run over (``voltro_beat_publish_timeout``)."""
         return self._settings.publish_timeout
+
+    @property
+    def _fence_lead(self) -> timedelta:
+        """How long before their instant the occurrences claimed ahead are fenced: half the
+        claim lead, and never so long that the fence is done again at the instant (see
+        Dispatcher.deliver)."""
+        return min(self._lead / 2, self._lease / 4)
 
     @property
     def _write_timeout(self) -> timedelta:
@@ -621,7 +543,9 @@ class VoltroScheduler(beat.Scheduler):
         if self._queue:
             wake = self._queue[0][0]
         if self._ready:
-            wake = min(wake, self._ready[0][0])
+            wake = min(wake, self._ready[0][0] - self._fence_lead)
+        if self._armed:
+            wake = min(wake, self._armed[0][0])
         return wake
 
     def _delay(self, now: datetime) -> float:
@@ -636,7 +560,7 @@ class VoltroScheduler(beat.Scheduler):
 
     def _on_store_error(self, exc: StoreError) -> None:
         # Runs published just before the outage may still be unmarked by their owners (this
-        # replica's are in _unmarked): give every owner a full lease with the store back
+        # replica's wait in its dispatcher): give every owner a full lease with the store back
         # before any recovery sweep of this replica republishes a run it did publish.
         now = self._clock.now()
         self._next_recovery = max(self._next_recovery, now + self._lease)
@@ -660,6 +584,7 @@ class VoltroScheduler(beat.Scheduler):
         except Exception as exc:  # a stopping beat must still stop
             logger.warning("voltro_beat: could not finish cleanly: %s", exc)
         finally:
+            self._dispatch.close()
             self._publisher.reset()
             self._store.close()
 
@@ -668,18 +593,18 @@ class VoltroScheduler(beat.Scheduler):
         CLOSE_WAIT; what is left is republished by another replica's recovery sweep."""
         end = time.monotonic() + CLOSE_WAIT.total_seconds()
         try:
-            while self._ready:
-                wait = (self._ready[0][0] - self._clock.now()).total_seconds()
+            while self._ready or self._armed:
+                wait = (self._next_wake() - self._clock.now()).total_seconds()
                 if wait > end - time.monotonic():
                     break
                 time.sleep(max(0.0, wait))
                 self._publish_ready()
         except Exception as exc:  # a stopping beat must still stop
             logger.warning("voltro_beat: could not publish claimed runs at close: %s", exc)
-        if self._ready:
+        left = len(self._ready) + sum(len(fenced.runs) for _, fenced in self._armed)
+        if left:
             logger.warning(
-                "voltro_beat: %d claimed runs left for another replica's recovery sweep",
-                len(self._ready),
+                "voltro_beat: %d claimed runs left for another replica's recovery sweep", left
             )
 
 

@@ -121,7 +121,7 @@ def test_recovery_takes_chunks_each_within_its_lease(
     tick(down, sec(0))
     tick(down, sec(1))  # a, b and c @ 10:00:01 stay claimed
     up = replicas("up", schedule=schedule)
-    monkeypatch.setattr("voltro_beat.scheduler.PUBLISH_CHUNK", 1)
+    monkeypatch.setattr("voltro_beat.dispatch.CHUNK", 1)
     recover(up, sec(12))  # one chunk after another: all three
     assert {r.status for r in rows(store_url).values()} == {"published"}
     # Same again, but each chunk seems to take three seconds: after half the publish
@@ -364,8 +364,8 @@ def test_occurrences_are_claimed_ahead_and_published_at_their_instant(
 def test_a_run_claimed_ahead_is_not_recovered_before_its_lease_ends(replicas: Any) -> None:
     r1, up = replicas("r1"), replicas("up")
     tick(r1, sec(0))
-    tick(r1, sec(0.9))  # claims 10:00:01 ahead, leased until 10:00:11, then stops (killed)
-    recover(up, sec(10.95))
+    tick(r1, sec(0.9))  # claims and fences 10:00:01 ahead: leased until 10:00:10.9; killed
+    recover(up, sec(10.85))
     assert drain(up.app) == []
     recover(up, sec(11.05))
     assert [h["voltro_occurrence"] for h in drain(up.app)] == ["s@2026-01-01T10:00:01"]
@@ -409,11 +409,11 @@ def test_a_publish_slower_than_the_lease_leaves_the_rest_to_recovery(
 ) -> None:
     schedule = {name: {"task": "proj.work", "schedule": "* * * * * *"} for name in "abc"}
     r1 = replicas("r1", schedule=schedule)
-    tick(r1, sec(0))
-    tick(r1, sec(0.9))  # claims a, b and c @ 10:00:01 ahead: leased until 10:00:11
     # One message per broker write, and the first write ends 11 s later: the others' leases
     # ran out meanwhile, so the fence keeps them for recovery.
-    monkeypatch.setattr("voltro_beat.scheduler.PUBLISH_CHUNK", 1)
+    monkeypatch.setattr("voltro_beat.dispatch.CHUNK", 1)
+    tick(r1, sec(0))
+    tick(r1, sec(0.9))  # claims and fences a, b and c @ 10:00:01 ahead: leased until 10.9
     publish = r1._publisher.publish
 
     def slow(messages: Any) -> None:
@@ -437,9 +437,9 @@ def test_each_chunk_is_marked_once_the_broker_took_it(
     instant, so a later chunk's slow write leaves nothing sent for recovery to resend."""
     schedule = {name: {"task": "proj.work", "schedule": "* * * * * *"} for name in "abc"}
     r1 = replicas("r1", schedule=schedule)
+    monkeypatch.setattr("voltro_beat.dispatch.CHUNK", 1)
     tick(r1, sec(0))
     tick(r1, sec(0.9))
-    monkeypatch.setattr("voltro_beat.scheduler.PUBLISH_CHUNK", 1)
     publish = r1._publisher.publish
     seen: list[dict[str, str]] = []
 
@@ -449,17 +449,23 @@ def test_each_chunk_is_marked_once_the_broker_took_it(
 
     monkeypatch.setattr(r1._publisher, "publish", watching)
     tick(r1, sec(1))
-    # Before the second and third writes, the chunks before them were already published.
-    assert [sorted(s.values()).count("published") for s in seen] == [0, 1, 2]
+    # Before each write, every chunk but the one still being marked was published: at most
+    # two are ever written and unmarked.
+    published = [sorted(s.values()).count("published") for s in seen]
+    assert len(published) == 3
+    assert all(count >= n - 1 for n, count in enumerate(published))
+    assert (
+        sorted(rows(store_url)[f"{x}@2026-01-01T10:00:01"].status for x in "abc")
+        == ["published"] * 3
+    )
 
 
 def test_close_publishes_the_occurrences_it_claimed_ahead(replicas: Any, store_url: str) -> None:
-    r1 = replicas("r1")
-    deadline = datetime.now(UTC) + timedelta(seconds=5)
-    while not r1._ready and datetime.now(UTC) < deadline:
-        tick(r1, datetime.now(UTC))
-    (at, key, _), *_ = r1._ready
-    assert at > datetime.now(UTC)  # claimed, its instant still to come
+    at = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    r1 = replicas("r1", schedule={"once": {"task": "proj.work", "schedule": at}})
+    tick(r1, at - timedelta(seconds=0.2))  # claimed ahead, its instant still to come
+    key = "once@" + at.strftime("%Y-%m-%dT%H:%M:%S")
+    assert rows(store_url)[key].status == "claimed"
     r1._store.database.clock = lambda: datetime.now(UTC)
     r1.close()
     assert datetime.now(UTC) >= at
