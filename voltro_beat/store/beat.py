@@ -194,11 +194,7 @@ class BeatStore:
             with self.database.connect(autocommit=True) as conn:
                 rows = conn.execute(
                     sa.text(postgresql.FENCE),
-                    {
-                        "keys": json.dumps(keys),
-                        "replica": self.replica,
-                        "hold": hold.total_seconds(),
-                    },
+                    {"keys": keys, "replica": self.replica, "hold": hold.total_seconds()},
                 )
                 return {row[0] for row in rows}
         fenced: set[str] = set()
@@ -234,7 +230,7 @@ class BeatStore:
             return set()
         if self.database.dialect == "postgresql":
             with self.database.connect(autocommit=True) as conn:
-                rows = conn.execute(sa.text(postgresql.MARK_PUBLISHED), {"keys": json.dumps(keys)})
+                rows = conn.execute(sa.text(postgresql.MARK_PUBLISHED), {"keys": keys})
                 return {key for key, replica in rows if replica != self.replica}
         lost: set[str] = set()
         with self.database.connect() as conn, conn.begin():
@@ -373,7 +369,7 @@ class BeatStore:
                 sa.or_(runs.c.deadline.is_(None), runs.c.deadline >= now),
                 runs.c.schedule.in_(self._names()),
             )
-            stale = sa.select(runs.c.id).where(lapsed).order_by(runs.c.lease_until).limit(limit)
+            stale = sa.select(runs.c.id).where(lapsed).order_by(runs.c.scheduled_at).limit(limit)
             if self.database.dialect == "postgresql":
                 stale = stale.with_for_update(skip_locked=True)
             stmt = (
@@ -406,7 +402,7 @@ class BeatStore:
             doomed = (
                 sa.select(runs.c.id)
                 .where(_lapsed(now), runs.c.deadline < now)
-                .order_by(runs.c.lease_until)
+                .order_by(runs.c.scheduled_at)
                 .limit(limit)
             )
             if self.database.dialect == "postgresql":
