@@ -60,7 +60,8 @@ CREATE TABLE vbt_executions (
     occurrence text,
     periodic_task_name text,
     worker_pid integer NOT NULL,
-    executed_at timestamptz NOT NULL
+    executed_at timestamptz NOT NULL,
+    redelivered boolean
 )"""
 
 
@@ -303,6 +304,9 @@ class Execution:
     periodic_task_name: str | None
     worker_pid: int
     executed_at: datetime
+    #: The broker delivered this message again (``delivery_info["redelivered"]``): one
+    #: message executed twice, not two messages.
+    redelivered: bool | None = None
 
 
 def read_runs(store_url: str) -> dict[str, Run]:
@@ -322,8 +326,8 @@ def read_runs(store_url: str) -> dict[str, Run]:
 def read_executions(dsn: str) -> list[Execution]:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(
-            "SELECT task_id, occurrence, periodic_task_name, worker_pid, executed_at"
-            " FROM vbt_executions ORDER BY seq"
+            "SELECT task_id, occurrence, periodic_task_name, worker_pid, executed_at,"
+            " redelivered FROM vbt_executions ORDER BY seq"
         ).fetchall()
     return [Execution(*row) for row in rows]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -348,9 +349,14 @@ class Tally:
     scenario: str
     occurrences: int = 0
     executed_once: int = 0
-    #: Second (and later) executions of an occurrence, and how many occurrences had any.
+    #: Second (and later) messages of an occurrence executed, and how many occurrences had
+    #: any: executions the broker did not flag as redelivered, beyond the first.
     duplicates: int = 0
     duplicated_keys: int = 0
+    #: Executions of a message the broker delivered again (flagged ``redelivered``: an
+    #: unacknowledged delivery when the broker or the connection went away): one message run
+    #: twice, which the worker's duplicate guard is for, not a second publish.
+    redelivered: int = 0
     #: Executions that started before their instant (more than EARLY_SLACK).
     early: int = 0
     #: Run rows ``missed``, by reason; and how many were seen missed before instant +
@@ -359,6 +365,10 @@ class Tally:
     missed_early: int = 0
     #: Neither executed nor recorded missed.
     lost: int = 0
+    #: Of those, how many the broker had accepted (found in a private Redis's append-only
+    #: file): lost between the broker and the worker, not by the scheduler; not a problem of
+    #: the scenario, reported.
+    lost_after_broker: int = 0
     result: str = ""
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -373,28 +383,34 @@ def tally(
     *,
     max_lateness: Mapping[str, timedelta] | None = None,
     missed_seen: Mapping[str, tuple[datetime, str | None, str | None]] | None = None,
+    accepted: Callable[[Sequence[str]], set[str]] | None = None,
 ) -> Tally:
     """Count what happened to ``outcome.keys`` and list each problem (duplicate, early
     execution, missed before its bound, lost, wrong task id)."""
     keys = set(outcome.keys)
     ran: dict[str, list[datetime]] = {}
+    again: Counter[str] = Counter()
     problems: list[str] = []
     for e in outcome.executions:
         key = e.occurrence or f"<no header {e.task_id}>"
         ran.setdefault(key, []).append(e.executed_at)
+        again[key] += bool(e.redelivered)
         if e.occurrence is not None and e.task_id != task_id_for(e.occurrence):
             problems.append(f"{key}: executed with task id {e.task_id}, not uuid5(key)")
     t = Tally(scenario, occurrences=len(keys))
+    lost: list[str] = []
     for key in sorted(keys):
         times = ran.get(key, [])
         run = outcome.runs.get(key)
         instant = scheduled_at(key)
+        messages = len(times) - again[key]
+        t.redelivered += again[key]
         if len(times) == 1:
             t.executed_once += 1
-        if len(times) > 1:
-            t.duplicates += len(times) - 1
+        if messages > 1:
+            t.duplicates += messages - 1
             t.duplicated_keys += 1
-            problems.append(f"{key}: executed {len(times)} times")
+            problems.append(f"{key}: executed {len(times)} times ({messages} messages)")
         early = [at for at in times if at < instant - EARLY_SLACK]
         if early:
             t.early += len(early)
@@ -417,12 +433,20 @@ def tally(
                 problems.append(f"{key}: recorded missed ({reason}) but executed")
         elif not times:
             t.lost += 1
-            shown = run and (run.status, run.reason, run.replica)
+            lost.append(key)
+    downstream = accepted([task_id_for(k) for k in lost]) if accepted and lost else set()
+    for key in lost:
+        run = outcome.runs.get(key)
+        shown = run and (run.status, run.reason, run.replica)
+        if task_id_for(key) in downstream:
+            t.lost_after_broker += 1
+            t.notes.append(f"{key} lost after the broker accepted it (run row {shown})")
+        else:
             problems.append(f"{key}: never executed, not recorded missed (run row {shown})")
     # Executions of occurrences outside the window are not counted, but a duplicate of one is
     # still a duplicate.
     for key, times in ran.items():
-        if key not in keys and len(times) > 1:
+        if key not in keys and len(times) - again[key] > 1:
             problems.append(f"{key} (outside the window): executed {len(times)} times")
     t.problems = problems
     return t
@@ -433,6 +457,27 @@ def executions_by_replica(outcome: Outcome, keys: Iterable[str]) -> Counter[str]
     return Counter(
         (outcome.runs[k].replica or "?") if k in outcome.runs else "no row" for k in keys
     )
+
+
+def redis_accepted(redis_dir: Path) -> Callable[[Sequence[str]], set[str]]:
+    """Which of some task ids a private Redis (``PrivateRedis``, AOF in ``redis_dir``) was
+    ever given in a write: a message it accepted, whatever happened to it later."""
+
+    def accepted(task_ids: Sequence[str]) -> set[str]:
+        blobs = [f.read_bytes() for f in sorted(redis_dir.glob("appendonly*/*.aof"))]
+        blobs += [f.read_bytes() for f in sorted(redis_dir.glob("appendonly*.aof"))]
+        return {t for t in task_ids if any(t.encode() in blob for blob in blobs)}
+
+    return accepted
+
+
+def republished(dep: Deployment) -> dict[str, int]:
+    """Per replica: runs its recovery sweeps republished, from its log (evidence only)."""
+    counts = {}
+    for name, proc in dep.beats.items():
+        found = re.findall(r"republishing (\d+) unconfirmed runs", proc.text())
+        counts[name] = sum(int(n) for n in found)
+    return counts
 
 
 # -- results ------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "acceptance"))
 
 from chaos_harness import ChaosDeployments, Results
 from tcp_proxy import ProxyHub
-from vbt_harness import deployments, failed
+from vbt_harness import PrivatePostgres, deployments, failed, private_postgres_cluster
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +42,14 @@ def chaos(request: pytest.FixtureRequest, need: Callable[..., None]) -> Iterator
     ) as made:
         assert isinstance(made, ChaosDeployments)
         yield made
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    """A PostgreSQL cluster of the test's own; request it before ``chaos`` so that it outlives
+    the deployment's processes."""
+    with private_postgres_cluster("vbt-chaos-pg-") as cluster:
+        yield cluster
 
 
 @pytest.fixture

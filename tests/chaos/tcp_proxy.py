@@ -57,6 +57,8 @@ class Trap:
     mode: Mode
     action: Callable[[str], None] | None = None
     fired: threading.Event = field(default_factory=threading.Event)
+    #: Set once the reply was swallowed and ``action`` ran (``KILL_AFTER_REPLY``).
+    acted: threading.Event = field(default_factory=threading.Event)
     #: The proxy it fired on, and when (``time.time()``) the marked read arrived.
     fired_by: str | None = None
     fired_at: float | None = None
@@ -184,6 +186,7 @@ class Proxy:
                     trap.acted_at = time.time()
                     if trap.action is not None:
                         trap.action(self.name)
+                    trap.acted.set()
                 if conn.swallow:
                     continue
                 conn.cwriter.write(data)

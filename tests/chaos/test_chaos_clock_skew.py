@@ -22,6 +22,7 @@ from chaos_harness import (
     boot,
     faketime_env,
     measured_offset,
+    redis_accepted,
     require_file,
     tally,
     watching_missed,
@@ -70,6 +71,7 @@ def test_clock_skew(chaos: ChaosDeployments, chaos_results: Results, clock: str)
         outcome,
         max_lateness=MAX_LATENESS,
         missed_seen=watcher.first_seen,
+        accepted=redis_accepted(chaos.workdir),
     )
     runs = [outcome.runs[k] for k in outcome.keys if k in outcome.runs]
     won = {name: sum(1 for r in runs if r.replica == name) for name in REPLICAS}

@@ -1,0 +1,137 @@
+"""Service restarts under 200 one-second schedules (three replicas, one worker): a private
+PostgreSQL (the store) and a private Redis (the broker) restarted one after the other, and a
+private RabbitMQ node (the broker) restarted. Beat never exits, nothing inside
+``max_lateness`` (one day, the default) is lost, nothing runs twice.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from chaos_harness import (
+    ChaosDeployment,
+    ChaosDeployments,
+    Results,
+    Tally,
+    boot,
+    redis_accepted,
+    republished,
+    start_private_rabbit,
+    tally,
+)
+from vbt_harness import (
+    REPLICAS,
+    Outcome,
+    PrivatePostgres,
+    Sched,
+    check,
+    finish,
+    now,
+    sleep_until,
+    start_private_redis,
+    window_start,
+)
+
+STEADY = [Sched(f"steady-{i:03d}", '"* * * * * *"') for i in range(200)]
+SETTLE = timedelta(seconds=6)
+#: How long each service stays down in its restart.
+DOWN = timedelta(seconds=2)
+#: kombu's Redis transport gives a message delivered to a worker that lost its connection back
+#: to the queue only after this (one hour by default): short, so that a message the worker had
+#: taken when Redis restarted is delivered again (flagged redelivered) inside the window.
+VISIBILITY = {"broker_transport_options": {"visibility_timeout": 5}}
+
+
+def _finish(dep: ChaosDeployment, start: datetime, end: datetime) -> tuple[Outcome, list[str]]:
+    """Run to ``end``; note which replicas had exited by then; stop and collect."""
+    sleep_until(end + timedelta(seconds=1.5))
+    exited = [f"{n} (exit {p.popen.returncode})" for n, p in dep.beats.items() if not p.alive()]
+    return finish(dep, STEADY, start, end), exited
+
+
+def _report(row: Tally, dep: ChaosDeployment, exited: list[str], steps: list[str]) -> None:
+    row.notes += [
+        *steps,
+        "republished by recovery (beat logs): "
+        + ", ".join(f"{k} {v}" for k, v in republished(dep).items()),
+    ]
+    if exited:
+        row.problems.insert(0, f"beat exited: {', '.join(exited)}")
+
+
+def test_postgresql_then_redis_restarted(
+    private_postgres: PrivatePostgres, chaos: ChaosDeployments, chaos_results: Results
+) -> None:
+    redis = start_private_redis(chaos)
+    dep = chaos(store=private_postgres.url, broker=redis.url, concurrency=4)
+    boot(dep, STEADY, REPLICAS, **VISIBILITY)
+
+    start = window_start()
+    sleep_until(start + timedelta(seconds=4, milliseconds=500))
+    pg_stop = now()
+    private_postgres.stop("fast")
+    sleep_until(pg_stop + DOWN)
+    private_postgres.start()
+    pg_up = now()
+    sleep_until(pg_up + SETTLE)
+    redis_stop = now()
+    redis.stop()
+    sleep_until(redis_stop + DOWN)
+    redis.start()
+    redis_up = now()
+    end = redis_up + SETTLE
+    outcome, exited = _finish(dep, start, end)
+
+    row = tally(
+        "5a. PostgreSQL (store) and Redis (broker) restarted, 200 schedules/s",
+        outcome,
+        accepted=redis_accepted(chaos.workdir),
+    )
+    _report(
+        row,
+        dep,
+        exited,
+        [
+            f"PostgreSQL down {(pg_up - pg_stop).total_seconds():.1f}s"
+            f" (pg_ctl stop -m fast, start) at +{(pg_stop - start).total_seconds():.1f}s;"
+            f" Redis down {(redis_up - redis_stop).total_seconds():.1f}s (SIGTERM, start) at"
+            f" +{(redis_stop - start).total_seconds():.1f}s; window"
+            f" {(end - start).total_seconds():.0f}s; Redis visibility_timeout 5 s",
+        ],
+    )
+    chaos_results.add(row)
+    check(row.problems, f"store restart {pg_stop:%T.%f}, broker restart {redis_stop:%T.%f}")
+
+
+def test_rabbitmq_restarted(chaos: ChaosDeployments, chaos_results: Results) -> None:
+    rabbit = start_private_rabbit(chaos)
+    dep = chaos(broker=rabbit.url, concurrency=4)
+    boot(dep, STEADY, REPLICAS)
+
+    start = window_start()
+    sleep_until(start + timedelta(seconds=4, milliseconds=500))
+    stopping = now()
+    rabbit.stop()
+    sleep_until(stopping + DOWN)
+    rabbit.start()
+    up = now()
+    end = up + SETTLE
+    outcome, exited = _finish(dep, start, end)
+
+    row = tally("5b. RabbitMQ (broker) restarted, 200 schedules/s", outcome)
+    published = [k for k in outcome.keys if k in outcome.runs and outcome.runs[k].published_at]
+    executed = {e.occurrence for e in outcome.executions}
+    unseen = [k for k in published if k not in executed]
+    _report(
+        row,
+        dep,
+        exited,
+        [
+            f"private node down {(up - stopping).total_seconds():.1f}s (rabbitmqctl stop,"
+            f" rabbitmq-server) at +{(stopping - start).total_seconds():.1f}s; window"
+            f" {(end - start).total_seconds():.0f}s",
+            f"{len(unseen)} runs marked published were never executed",
+        ],
+    )
+    chaos_results.add(row)
+    check(row.problems, f"RabbitMQ restart {stopping:%T.%f}..{up:%T.%f}")
