@@ -513,6 +513,7 @@ class Results:
             data["problems"] = data["problems"][:20] + (
                 [f"... and {len(row.problems) - 20} more"] if len(row.problems) > 20 else []
             )
+            data["problem_count"] = len(row.problems)
             data["run_at"] = now().strftime("%Y-%m-%d %H:%M UTC")
             data["commit"] = _commit()
             rows[row.scenario] = data
