@@ -472,7 +472,8 @@ def redis_accepted(redis_dir: Path) -> Callable[[Sequence[str]], set[str]]:
 
 
 def republished(dep: Deployment) -> dict[str, int]:
-    """Per replica: runs its recovery sweeps republished, from its log (evidence only)."""
+    """Per replica: runs its recovery sweeps tried to republish (a failed attempt is counted
+    again at the next try), from its log (evidence only)."""
     counts = {}
     for name, proc in dep.beats.items():
         found = re.findall(r"republishing (\d+) unconfirmed runs", proc.text())

@@ -86,7 +86,7 @@ def test_kill_minus_nine_right_after_the_first_broker_write(
         f" {PUBLISH_CHUNK}, of the killed replica's {len(held[name])} runs)",
         "burst run rows ended with: "
         + ", ".join(f"{k} {v}" for k, v in executions_by_replica(outcome, burst_keys).items()),
-        "republished by recovery (beat logs): "
+        "recovery republish attempts (beat logs): "
         + ", ".join(f"{k} {v}" for k, v in republished(dep).items()),
         f"publish timeout {PUBLISH_TIMEOUT.total_seconds():g}s",
     ]

@@ -52,7 +52,7 @@ def _finish(dep: ChaosDeployment, start: datetime, end: datetime) -> tuple[Outco
 def _report(row: Tally, dep: ChaosDeployment, exited: list[str], steps: list[str]) -> None:
     row.notes += [
         *steps,
-        "republished by recovery (beat logs): "
+        "recovery republish attempts (beat logs): "
         + ", ".join(f"{k} {v}" for k, v in republished(dep).items()),
     ]
     if exited:

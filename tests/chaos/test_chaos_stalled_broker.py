@@ -79,7 +79,7 @@ def test_stalled_broker_write_of_the_burst_holder(
         f" {PUBLISH_TIMEOUT.total_seconds():g}s), {sent} bytes delivered on release",
         "burst run rows ended with: "
         + ", ".join(f"{k} {v}" for k, v in executions_by_replica(outcome, burst_keys).items()),
-        "republished by recovery (beat logs): "
+        "recovery republish attempts (beat logs): "
         + ", ".join(f"{k} {v}" for k, v in republished(dep).items()),
     ]
     chaos_results.add(row)
