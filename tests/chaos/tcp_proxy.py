@@ -3,9 +3,9 @@
 Each :class:`Proxy` listens on ``127.0.0.1:<free port>`` and forwards every connection to one
 target (a Redis server). All proxies of a :class:`ProxyHub` run on one asyncio loop in a daemon
 thread; the test thread steers them with thread-safe calls. A :class:`Trap` armed on some
-proxies fires once, on the first client->server read that contains its ``marker`` (for
-Redis, ``b"\\r\\nLPUSH\\r\\n"``: the first publish), over whichever of those proxies sees it
-first, and then does one of two things:
+proxies fires once, on the ``nth`` (default first) client->server read of a proxy that
+contains its ``marker`` (for Redis, ``b"\\r\\nLPUSH\\r\\n"``: a publish), over whichever of
+those proxies gets there first, and then does one of two things:
 
 ``HOLD`` (a broker write that stalls)
     That read and every later client->server byte of that proxy, on every connection
@@ -56,6 +56,8 @@ class Trap:
     marker: bytes
     mode: Mode
     action: Callable[[str], None] | None = None
+    #: Fire on the ``nth`` marked read of a proxy (the earlier ones pass untouched).
+    nth: int = 1
     fired: threading.Event = field(default_factory=threading.Event)
     #: Set once the reply was swallowed and ``action`` ran (``KILL_AFTER_REPLY``).
     acted: threading.Event = field(default_factory=threading.Event)
@@ -65,12 +67,14 @@ class Trap:
     #: When the reply was swallowed and ``action`` ran (``KILL_AFTER_REPLY``).
     acted_at: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _seen: dict[str, int] = field(default_factory=dict)
 
     def take(self, proxy: str, window: bytes) -> bool:
         if self.marker not in window:
             return False
         with self._lock:
-            if self.fired_by is not None:
+            self._seen[proxy] = self._seen.get(proxy, 0) + 1
+            if self.fired_by is not None or self._seen[proxy] < self.nth:
                 return False
             self.fired_by, self.fired_at = proxy, time.time()
         self.fired.set()
@@ -159,11 +163,12 @@ class Proxy:
         try:
             while data := await conn.creader.read(READ_SIZE):
                 window, tail = tail + data, (tail + data)[-32:]
-                if not self.holding and self.trap is not None and self.trap.take(self.name, window):
-                    if self.trap.mode is Mode.HOLD:
+                trap = self.trap
+                if not self.holding and trap is not None and trap.take(self.name, window):
+                    if trap.mode is Mode.HOLD:
                         self.holding = True
                     else:
-                        conn.awaiting = self.trap
+                        conn.awaiting = trap
                     self.trap = None
                 if self.holding:
                     conn.held.append(data)
