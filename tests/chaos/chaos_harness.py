@@ -366,8 +366,8 @@ class Tally:
     #: Neither executed nor recorded missed.
     lost: int = 0
     #: Of those, how many the broker had accepted (found in a private Redis's append-only
-    #: file): lost between the broker and the worker, not by the scheduler; not a problem of
-    #: the scenario, reported.
+    #: file): lost between the broker and the worker rather than by the scheduler. Still
+    #: lost, still a problem; the evidence says where to look.
     lost_after_broker: int = 0
     result: str = ""
     notes: list[str] = field(default_factory=list)
@@ -440,9 +440,10 @@ def tally(
         shown = run and (run.status, run.reason, run.replica)
         if task_id_for(key) in downstream:
             t.lost_after_broker += 1
-            t.notes.append(f"{key} lost after the broker accepted it (run row {shown})")
+            where = "; its message was accepted by Redis (in the append-only file)"
         else:
-            problems.append(f"{key}: never executed, not recorded missed (run row {shown})")
+            where = ""
+        problems.append(f"{key}: never executed, not recorded missed (run row {shown}){where}")
     # Executions of occurrences outside the window are not counted, but a duplicate of one is
     # still a duplicate.
     for key, times in ran.items():
@@ -469,6 +470,18 @@ def redis_accepted(redis_dir: Path) -> Callable[[Sequence[str]], set[str]]:
         return {t for t in task_ids if any(t.encode() in blob for blob in blobs)}
 
     return accepted
+
+
+def redis_backlog(url: str, queue: str) -> str:
+    """What a private Redis still holds for the worker: the queue's length and the
+    delivered-but-unacknowledged messages (evidence for a note)."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=5)
+        return f"queue {client.llen(queue)}, unacked {client.hlen('unacked')}"
+    except redis.RedisError as exc:
+        return f"unreadable ({exc})"
 
 
 def republished(dep: Deployment) -> dict[str, int]:

@@ -39,7 +39,7 @@ def render(rows: list[dict[str, Any]]) -> str:
             missed += f" ({r['missed_early']} too early)"
         lost = str(r["lost"])
         if r.get("lost_after_broker"):
-            lost += f" ({r['lost_after_broker']} after the broker)"
+            lost += f" ({r['lost_after_broker']} accepted by Redis)"
         lines.append(
             f"| {r['scenario']} | {r['occurrences']} | {r['executed_once']}"
             f" | {r['duplicates']} | {r.get('redelivered', 0)} | {r['early']} | {missed}"

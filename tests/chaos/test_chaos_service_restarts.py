@@ -15,6 +15,7 @@ from chaos_harness import (
     Tally,
     boot,
     redis_accepted,
+    redis_backlog,
     republished,
     start_private_rabbit,
     tally,
@@ -37,9 +38,17 @@ SETTLE = timedelta(seconds=6)
 #: How long each service stays down in its restart.
 DOWN = timedelta(seconds=2)
 #: kombu's Redis transport gives a message delivered to a worker that lost its connection back
-#: to the queue only after this (one hour by default): short, so that a message the worker had
-#: taken when Redis restarted is delivered again (flagged redelivered) inside the window.
-VISIBILITY = {"broker_transport_options": {"visibility_timeout": 5}}
+#: to the queue only after ``visibility_timeout`` (one hour by default), found by a sweep every
+#: ``unacked_restore_interval * unacked_restore_throttle`` seconds (100 s): short, so that a
+#: message the worker had taken when Redis restarted is delivered again (flagged redelivered)
+#: inside the window.
+VISIBILITY = {
+    "broker_transport_options": {
+        "visibility_timeout": 5,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
+}
 
 
 def _finish(dep: ChaosDeployment, start: datetime, end: datetime) -> tuple[Outcome, list[str]]:
@@ -81,6 +90,7 @@ def test_postgresql_then_redis_restarted(
     redis_up = now()
     end = redis_up + SETTLE
     outcome, exited = _finish(dep, start, end)
+    backlog = redis_backlog(redis.url, dep.queue)
 
     row = tally(
         "5a. PostgreSQL (store) and Redis (broker) restarted, 200 schedules/s",
@@ -97,6 +107,7 @@ def test_postgresql_then_redis_restarted(
             f" Redis down {(redis_up - redis_stop).total_seconds():.1f}s (SIGTERM, start) at"
             f" +{(redis_stop - start).total_seconds():.1f}s; window"
             f" {(end - start).total_seconds():.0f}s; Redis visibility_timeout 5 s",
+            f"left in Redis after the drain: {backlog}",
         ],
     )
     chaos_results.add(row)
