@@ -305,7 +305,7 @@ def publish_block(
             )
         )
     published = store.claim(
-        occurrences, coordination=Coordination.ADVISORY_LOCK, now=datetime.now(UTC)
+        occurrences, coordination=Coordination.ADVISORY_LOCK, lease=timedelta(seconds=10)
     )
     assert len(published) == len(occurrences)
     for i, occurrence in enumerate(occurrences):
@@ -320,7 +320,7 @@ def publish_block(
                 "periodic_task_name": occurrence.schedule,
             },
         )
-    store.mark_published([o.key for o in occurrences], now=datetime.now(UTC))
+    store.mark_published([o.key for o in occurrences])
     return [o.key for o in occurrences]
 
 
@@ -331,7 +331,7 @@ def time_writes(store: BeatStore, count: int) -> float:
     store.claim(
         [Occurrence(k, "bench-direct", "bench.noop", task_id_for(k), base) for k in keys],
         coordination=Coordination.ADVISORY_LOCK,
-        now=datetime.now(UTC),
+        lease=timedelta(seconds=10),
     )
     writer = RunWriter(store.database)
     moves = [ledger.transition(e) for e in (ledger.Event.STARTED, ledger.Event.SUCCEEDED)]

@@ -63,7 +63,7 @@ def publisher_run(
     app: Celery, entries: Sequence[Entry], messages: Sequence[tuple[Entry, str, str]], fast: bool
 ) -> tuple[float, float]:
     """(seconds to build the templates, seconds to publish) with a fresh publisher."""
-    publisher = Publisher(app)
+    publisher = Publisher(app, write_timeout=timedelta(seconds=30))
     # (b) is the same publisher with the Redis payload capture finding nothing to reuse.
     off = mock.patch.object(publisher_module._RedisPush, "capture", return_value=None)
     with contextlib.nullcontext() if fast else off:

@@ -15,7 +15,10 @@ from pathlib import Path
 import psycopg
 import redis
 
-VOLTRO_TABLES = ("_voltro_schedule_claims", "_voltro_schedule_runs", "_voltro_beat_alembic_version")
+from voltro_beat.store.tables import VERSION_TABLE, metadata
+
+#: Every table voltro_beat's migrations create, and their version table.
+VOLTRO_TABLES = (*metadata.tables, VERSION_TABLE)
 
 
 @dataclass(frozen=True)

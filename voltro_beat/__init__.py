@@ -12,7 +12,7 @@ from voltro_beat.exceptions import ConfigurationError, StoreError, VoltroBeatErr
 if TYPE_CHECKING:
     from voltro_beat.signals import attach
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["ConfigurationError", "StoreError", "VoltroBeatError", "__version__", "attach"]
 

@@ -1,12 +1,15 @@
 """Catch-up after downtime: what to do, at boot, with occurrences no replica handled.
 
 Pure: the scheduler passes the newest occurrence the store remembers for a schedule and the
-current instant, and records the occurrences :func:`plan` returns (``claimed`` to publish,
-``missed`` otherwise) through the gate, so every replica that boots at once agrees row by row.
+current instant (on the database clock), and records the occurrences :func:`plan` returns
+(``claimed`` to publish, ``missed`` otherwise) through the gate, so every replica that boots at
+once agrees row by row.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from voltro_beat.occurrences import Occurrence, next_after
@@ -17,32 +20,66 @@ from voltro_beat.status import Reason, Status
 MAX_BACKFILL = 1000
 
 
-def plan(entry: Entry, last: datetime | None, now: datetime) -> list[Occurrence]:
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The occurrences to record for one schedule, oldest first.
+
+    ``unrecorded_until``: when more than :data:`MAX_BACKFILL` occurrences fell in the window,
+    the newest of those left out (all at or before it were too); ``None`` when none was.
+    """
+
+    occurrences: list[Occurrence]
+    unrecorded_until: datetime | None = None
+
+
+def plan(entry: Entry, last: datetime | None, now: datetime) -> Plan:
     """The occurrences of ``entry`` after ``last`` up to ``now``, each with its fate.
 
     A schedule with no history (``last`` is None) starts from now: nothing historical fires
     on a first boot. Only occurrences within ``entry.max_lateness`` of ``now`` are considered
-    (older ones could never be published, and a fast schedule could have millions of them).
-    ``latest`` publishes the newest and records the others ``missed``; ``skip`` records all
-    ``missed``; ``all`` publishes each one.
+    (older ones could never be published, and a fast schedule could have millions of them),
+    and of those the newest :data:`MAX_BACKFILL`. ``latest`` publishes the newest and records
+    the others ``missed``; ``skip`` records all ``missed``; ``all`` publishes each one.
     """
     if last is None:
-        return []
-    start = max(last, now - entry.max_lateness - timedelta(microseconds=1))
-    step = cadence(entry.spec)
-    if step is not None:
-        # Walk only as far back as the rows we keep: a one-second schedule down for a day
-        # has 86,400 candidates.
-        start = max(start, now - step * (MAX_BACKFILL + 1))
-    instants: list[datetime] = []
-    at = next_after(entry.spec, start)
-    while at is not None and at <= now:
-        instants.append(at)
-        at = next_after(entry.spec, at)
-    instants = instants[-MAX_BACKFILL:]
-    published = {"all": len(instants), "latest": 1, "skip": 0}[entry.catch_up]
-    cut = max(0, len(instants) - published)
-    return [
+        return Plan([])
+    after = max(last, now - entry.max_lateness - timedelta(microseconds=1))
+    instants, unrecorded_until = newest(entry, after, now, MAX_BACKFILL)
+    sent = {"all": len(instants), "latest": 1, "skip": 0}[entry.catch_up]
+    cut = max(0, len(instants) - sent)
+    lateness = entry.max_lateness
+    missed = [
         Occurrence.of(entry.name, entry.task, at, Status.MISSED, Reason.CATCH_UP)
         for at in instants[:cut]
-    ] + [Occurrence.of(entry.name, entry.task, at) for at in instants[cut:]]
+    ]
+    published = [
+        Occurrence.of(entry.name, entry.task, at, deadline=at + lateness) for at in instants[cut:]
+    ]
+    return Plan(missed + published, unrecorded_until)
+
+
+def newest(
+    entry: Entry, after: datetime, until: datetime, limit: int
+) -> tuple[list[datetime], datetime | None]:
+    """The newest ``limit`` instants of ``entry`` in ``(after, until]``, oldest first, and the
+    newest instant of that window left out (None if none was).
+
+    The schedule's own instants are walked, never estimated: the walk starts ``limit + 1``
+    typical gaps before ``until`` and, while it finds no more than ``limit`` instants and has
+    not reached ``after``, starts four times further back. An irregular schedule (``0-4 9 * * *``,
+    whose typical gap is a minute) is therefore walked back to ``after`` if need be, and a
+    one-second schedule down for a day costs a walk of about ``limit`` instants.
+    """
+    span = (cadence(entry.spec) or until - after) * (limit + 1)
+    while True:
+        start = max(after, until - span)
+        found: deque[datetime] = deque(maxlen=limit + 1)
+        at = next_after(entry.spec, start)
+        while at is not None and at <= until:
+            found.append(at)
+            at = next_after(entry.spec, at)
+        if len(found) > limit:
+            return list(found)[1:], found[0]
+        if start == after:
+            return list(found), None
+        span *= 4

@@ -19,6 +19,7 @@ from voltro_beat.status import Status
 from voltro_beat.store import reads
 from voltro_beat.store.database import Database, hide_password
 from voltro_beat.store.migrations import runner as migrations
+from voltro_beat.store.registry import Registry
 
 
 @click.group()
@@ -169,6 +170,88 @@ def runs(store_url: str, schedule: str | None, status: str | None, count: int) -
             _stamp(row["finished_at"]),
         )
     Console(width=max(Console().width, 140)).print(table)
+
+
+@main.command()
+@_store_option
+@click.option(
+    "--max-offset",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Flag clocks further than this many seconds from the database's.",
+)
+def replicas(store_url: str, max_offset: float) -> None:
+    """Print the replica registry: every beat replica that ran recently, and whether it lives.
+
+    A replica is live while its last heartbeat is younger than its publish timeout; times are
+    the database's clock. The clock offset is the replica's local clock minus the database's.
+    """
+    with _errors():
+        database = Database.open(store_url)
+        try:
+            rows = Registry(database).everyone()
+            now = database.time()
+        finally:
+            database.dispose()
+    table = Table(title=f"_voltro_beat_replicas ({len(rows)})")
+    columns = ("name", "host", "pid", "version", "started", "last seen", "live", "clock")
+    for column in (*columns, "offset s", "schedules"):
+        table.add_column(column, no_wrap=True)
+    for r in rows:
+        timeout = float(r.settings.get("publish_timeout", 10))
+        ago = None if r.last_seen is None else (now - r.last_seen).total_seconds()
+        live = ago is not None and ago <= timeout
+        offset = r.clock_offset
+        table.add_row(
+            r.name,
+            r.host,
+            str(r.pid),
+            r.version,
+            _stamp(r.started_at),
+            "" if ago is None else f"{ago:.1f} s ago",
+            "yes" if live else "no",
+            str(r.settings.get("clock", "")),
+            "" if offset is None else f"{offset:+.3f}" + (" !" if abs(offset) > max_offset else ""),
+            r.schedules_digest,
+        )
+    Console(width=max(Console().width, 160)).print(table)
+
+
+@main.command()
+@_store_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--no-auth",
+    is_flag=True,
+    help="Serve without a login (only with a loopback --host).",
+)
+@click.option(
+    "--celery-app",
+    default=None,
+    help='The Celery app ("proj.celery:app") whose beat_schedule the schedules page reads.',
+)
+def admin(store_url: str, host: str, port: int, no_auth: bool, celery_app: str | None) -> None:
+    """Serve read-only admin pages of the run and claims tables (sqladmin).
+
+    The login is VOLTRO_BEAT_ADMIN_USER / VOLTRO_BEAT_ADMIN_PASSWORD from the environment;
+    without them the command refuses to start, unless told --no-auth on a loopback address.
+    """
+    try:
+        import uvicorn
+
+        from voltro_beat.contrib.sqladmin import server
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the admin needs the sqladmin extra: pip install 'voltro-beat[sqladmin]' ({exc})"
+        ) from None
+    with _errors():
+        app = server.create_app(
+            store_url, server.login_from_environment(host, no_auth=no_auth), celery_app=celery_app
+        )
+    click.echo(f"voltro_beat admin of {hide_password(store_url)} on http://{host}:{port}/admin/")
+    uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
 def _stamp(at: datetime | None) -> str:

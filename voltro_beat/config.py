@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from voltro_beat.clock import ClockMode
 from voltro_beat.coordination import ALIASES, Coordination
 from voltro_beat.exceptions import ConfigurationError
 
@@ -39,6 +40,11 @@ class Settings:
     duplicate_guard: bool
     #: The app's ``timezone`` (None: UTC), the default for every entry.
     timezone: str | None
+    #: Whose clock decides "now": None for the store's default (``database`` on
+    #: PostgreSQL; SQLite is one host, so its clock is the local one).
+    clock: ClockMode | None
+    #: A replica whose local clock is further than this from the database's says so.
+    max_clock_offset: timedelta
 
     @classmethod
     def from_config(
@@ -99,6 +105,13 @@ class Settings:
                 "voltro_beat_duplicate_guard", "VOLTRO_BEAT_DUPLICATE_GUARD", True, _flag
             ),
             timezone=_timezone(conf.get("timezone")),
+            clock=get("voltro_beat_clock", "VOLTRO_BEAT_CLOCK", None, _clock),
+            max_clock_offset=get(
+                "voltro_beat_max_clock_offset",
+                "VOLTRO_BEAT_MAX_CLOCK_OFFSET",
+                timedelta(seconds=1),
+                _duration,
+            ),
         )
         connect = float(conf.get("broker_connection_timeout") or 4.0)
         if settings.publish_timeout.total_seconds() <= 2 * connect:
@@ -138,6 +151,15 @@ def _coordination(key: str, value: Any) -> Coordination:
         raise ConfigurationError(
             f"unknown coordination {value!r}; expected one of 'advisory_lock', 'single'",
             field=key,
+        ) from None
+
+
+def _clock(key: str, value: Any) -> ClockMode:
+    try:
+        return ClockMode(str(value).strip().lower())
+    except ValueError:
+        raise ConfigurationError(
+            f"unknown clock {value!r}; expected 'database' or 'local'", field=key
         ) from None
 
 

@@ -45,7 +45,8 @@ class Occurrence:
     ``status`` is the run's status: to record (``claimed`` for an occurrence to publish, or
     ``missed`` / ``skipped`` / ``queued`` with a ``reason``), or as read back from its row.
     ``since``, on rows read back, is when the run last moved: started, else published, else
-    claimed.
+    claimed. ``deadline`` is the instant plus the entry's ``max_lateness``: it is never
+    published after that (guarantee 6).
     """
 
     key: str
@@ -56,6 +57,7 @@ class Occurrence:
     status: Status = Status.CLAIMED
     reason: str | None = None
     since: datetime | None = None
+    deadline: datetime | None = None
 
     def __post_init__(self) -> None:
         if self.scheduled_at.utcoffset() is None:
@@ -69,10 +71,14 @@ class Occurrence:
         scheduled_at: datetime,
         status: Status = Status.CLAIMED,
         reason: str | None = None,
+        *,
+        deadline: datetime | None = None,
     ) -> Occurrence:
         """The occurrence of ``schedule`` at ``scheduled_at``, with its key and task id."""
         key = occurrence_key(schedule, scheduled_at)
-        return cls(key, schedule, task, task_id_for(key), scheduled_at, status, reason)
+        return cls(
+            key, schedule, task, task_id_for(key), scheduled_at, status, reason, deadline=deadline
+        )
 
 
 def occurrence_key(name: str, scheduled_at: datetime) -> str:

@@ -30,6 +30,7 @@ import os
 import re
 import uuid
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from celery import Celery, signals
@@ -176,8 +177,9 @@ class _Template(NamedTuple):
 class Publisher:
     """Publishes occurrences through one reused broker connection and producer."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, *, write_timeout: timedelta) -> None:
         self.app = app
+        self.write_timeout = write_timeout
         self._connection: Connection | None = None
         self._producer: Producer | None = None
         #: Per schedule: the captured Redis payload, else the recorded publish call, or None
@@ -221,7 +223,9 @@ class Publisher:
     def _lpush(producer: Producer, pushes: Sequence[tuple[str, str]]) -> None:
         # The client as kombu's own PublishBatch takes it, so a global_keyprefix still applies.
         channel = producer.channel
-        with channel.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
+        # MULTI/EXEC: Redis runs the whole chunk or none of it, so a connection cut mid-chunk
+        # leaves nothing half-sent; only a reply lost after EXEC leaves the chunk in doubt.
+        with channel.conn_or_acquire() as client, client.pipeline(transaction=True) as pipe:
             # One LPUSH of many values leaves the list exactly as that many single LPUSHes.
             for list_key, group in itertools.groupby(pushes, key=operator.itemgetter(0)):
                 pipe.lpush(list_key, *(payload for _, payload in group))
@@ -322,7 +326,18 @@ class Publisher:
         if self._producer is None:
             # kombu's own connection retries (broker_connection_timeout, every 2 s) would hold a
             # tick for seconds while the broker is down: one quick attempt, then fail closed.
-            options = dict(self.app.conf.broker_transport_options or {}, **RETRY_POLICY)
+            # A write is bounded (no transport bounds it by default); on AMQP each message
+            # waits for the broker's publisher confirm, so a message counts as sent only
+            # once the broker took it. Each transport reads only the options it knows.
+            seconds = self.write_timeout.total_seconds()
+            options = dict(
+                self.app.conf.broker_transport_options or {},
+                **RETRY_POLICY,
+                socket_timeout=seconds,
+                read_timeout=seconds,
+                write_timeout=seconds,
+                confirm_publish=True,
+            )
             self._connection = self.app.connection_for_write(transport_options=options)
             self._producer = self.app.amqp.Producer(self._connection, auto_declare=False)
         return self._producer

@@ -1,12 +1,14 @@
 """The ``celery.beat.Scheduler`` subclass behind ``celery beat -S voltro``: glue and timing.
 
 Each tick sends the occurrences due within the claim lead through the coordination gate (one
-statement), keeps the ones this replica won until their instant, then publishes them and marks
-them published. Claiming ahead leaves only the publish for the instant itself, so a burst of
-ten thousand schedules reaches the broker within a fraction of a second of its boundary.
-Schedules with an overlap policy are claimed at their instant, when their predecessor's state
-is known. Store errors fail closed: nothing is published, the occurrences stay due and are
-tried again next tick while they are within ``max_lateness``. Nothing escapes :meth:`tick`.
+statement), keeps the ones this replica won until their instant, then publishes them: per
+chunk, the publish fence (a statement confirming in the store that this replica still holds
+them), the broker write, and the mark. Claiming ahead leaves only that for the instant itself,
+so a burst of ten thousand schedules reaches the broker within a fraction of a second of its
+boundary. Schedules with an overlap policy are claimed at their instant, when their
+predecessor's state is known. "Now" is the database's clock (:mod:`voltro_beat.clock`). Store
+errors fail closed: nothing is published, the occurrences stay due and are tried again next
+tick while they are within ``max_lateness``. Nothing escapes :meth:`tick`.
 """
 
 from __future__ import annotations
@@ -14,23 +16,29 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from importlib.metadata import version
 from typing import Any
 
 from celery import beat
 
 from voltro_beat import catchup, overlap
+from voltro_beat.clock import Clock, ClockMode
 from voltro_beat.config import Settings
 from voltro_beat.exceptions import ConfigurationError, PublishError, StoreError
+from voltro_beat.membership import FORGET_AFTER, Membership
 from voltro_beat.occurrences import Occurrence, next_after
 from voltro_beat.publisher import Publisher
 from voltro_beat.schedules import Entry, cadence, parse_entries
 from voltro_beat.status import Reason, Status
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database
+from voltro_beat.store.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -38,13 +46,14 @@ logger = logging.getLogger(__name__)
 RETRY_DELAY = 1.0
 #: Occurrences per claim statement: a tick claims everything due in one round trip up to this.
 BATCH = 100_000
-#: Messages per broker write when publishing an instant's occurrences: between two writes the
-#: claims' leases are checked, so a slow publish stops before recovery takes the rest over.
+#: Messages per broker write: each chunk is fenced in the store right before its write and
+#: marked right after the broker confirmed it, so a crash between a write and its mark can
+#: leave at most one chunk to be sent again (guarantee 10).
 PUBLISH_CHUNK = 1000
 #: How far ahead of its instant an occurrence is claimed: LEAD_MIN, plus CLAIM_COST per
 #: schedule, so that a burst of every schedule at once is claimed before its boundary.
-#: CLAIM_COST leaves room for three replicas claiming one burst on two cores
-#: (``python -m bench --workloads burst`` measures the claim time in its logs).
+#: CLAIM_COST leaves room for three replicas claiming one burst on two cores (the burst
+#: workload of bench/README.md).
 LEAD_MIN = timedelta(milliseconds=250)
 CLAIM_COST = timedelta(microseconds=300)
 LEAD_MAX = timedelta(seconds=30)
@@ -94,6 +103,8 @@ class VoltroScheduler(beat.Scheduler):
     _queue_policy: list[str]
     _store: BeatStore
     _publisher: Publisher
+    _clock: Clock
+    _membership: Membership
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self._configured = False
@@ -101,9 +112,9 @@ class VoltroScheduler(beat.Scheduler):
         self._booted = False
         #: Schedules by the time their next occurrences are to be claimed.
         self._queue: list[tuple[datetime, int, _Due]] = []
-        #: Occurrences this replica won, by instant: published when it comes, unless their
-        #: lease (the last item) ran out while this process was paused.
-        self._ready: list[tuple[datetime, str, Occurrence, datetime]] = []
+        #: Occurrences this replica won, by instant: published when it comes, if the publish
+        #: fence finds them still this replica's.
+        self._ready: list[tuple[datetime, str, Occurrence]] = []
         self._lead = LEAD_MIN
         self._seq = itertools.count()
         self._store_down_since: datetime | None = None
@@ -116,6 +127,7 @@ class VoltroScheduler(beat.Scheduler):
         self._unprepared: list[tuple[datetime, int, _Due]] = []
         self._next_recovery = datetime.min.replace(tzinfo=UTC)
         self._next_retention = datetime.min.replace(tzinfo=UTC)
+        self._next_heartbeat = datetime.min.replace(tzinfo=UTC)
         # Celery builds a lazy instance for the banner: it must do no I/O.
         super().__init__(app, *args, **kwargs)
 
@@ -152,7 +164,8 @@ class VoltroScheduler(beat.Scheduler):
                     entry=entry.name,
                     field="max_lateness",
                 )
-        store = BeatStore(Database.open(settings.store_url), replica=settings.replica)
+        database = Database.open(settings.store_url)
+        store = BeatStore(database, replica=settings.replica)
         self._settings = settings
         self._entries = {entry.name: entry for entry in entries}
         self._graces = {
@@ -167,7 +180,14 @@ class VoltroScheduler(beat.Scheduler):
         ahead = len(entries) - len(self._overlap_timeouts)
         self._lead = min(LEAD_MAX, LEAD_MIN + CLAIM_COST * ahead)
         self._store = store
-        self._publisher = Publisher(self.app)
+        if database.dialect == "postgresql":
+            self._clock = Clock(settings.clock or ClockMode.DATABASE)
+        else:  # one host: SQLite's clock is the local one
+            self._clock = Clock(ClockMode.LOCAL, local=lambda: database.clock())
+        self._membership = Membership(
+            Registry(database), self._clock, settings, self._entries, version("voltro-beat")
+        )
+        self._publisher = Publisher(self.app, write_timeout=self._write_timeout)
         self._configured = True
 
     def _overlap_timeout(self, entry: Entry) -> timedelta:
@@ -195,7 +215,7 @@ class VoltroScheduler(beat.Scheduler):
         self._configure()
         return (
             f"voltro_beat: store {self._store.display_url}, "
-            f"coordination {self._settings.coordination}, "
+            f"coordination {self._settings.coordination}, clock {self._clock.mode}, "
             f"replica {self._settings.replica}, {len(self._entries)} schedules"
         )
 
@@ -206,7 +226,7 @@ class VoltroScheduler(beat.Scheduler):
         if self._closed:
             return float(self.max_interval)
         try:
-            return self._tick(_now())
+            return self._tick()
         except StoreError as exc:
             self._on_store_error(exc)
             return RETRY_DELAY
@@ -214,29 +234,36 @@ class VoltroScheduler(beat.Scheduler):
             logger.exception("voltro_beat: unexpected error in tick; retrying")
             return RETRY_DELAY
 
-    def _tick(self, now: datetime) -> float:
+    def _tick(self) -> float:
+        clock = self._clock
         if self._unmarked:
-            self._store.mark_published(self._unmarked, now=now)
+            self._note_lost(self._store.mark_published(self._unmarked))
             self._unmarked = []
         if not self._booted:
-            self._boot(now)
-        if now >= self._next_recovery:
-            self._recover(now)
-            self._next_recovery = now + self._settings.publish_timeout / 2
-        if now >= self._next_retention:
-            self._sweep(now)
-            self._next_retention = now + RETENTION_EVERY
-        self._publish_ready(now)
-        self._fire_due(now)
-        self._publish_ready(now)
+            self._boot()
+        # What is due first (the heartbeat before claims: it says which schedules are
+        # yielded to a newer replica); the rest of the tick is upkeep.
+        self._publish_ready()
+        if clock.now() >= self._next_heartbeat:
+            if self._membership.beat():
+                self._requeue()
+            self._next_heartbeat = clock.now() + self._membership.interval
+        self._fire_due(clock.now())
+        self._publish_ready()
         if self._queue_policy:
-            self._promote_queued(now)
+            self._promote_queued(clock.now())
+        if clock.now() >= self._next_recovery:
+            self._recover()
+            self._next_recovery = clock.now() + self._lease / 2
+        if clock.now() >= self._next_retention:
+            self._sweep(clock.now())
+            self._next_retention = clock.now() + RETENTION_EVERY
         if self._store_down_since is not None:
             logger.warning("voltro_beat: store %s is reachable again", self._store.display_url)
             self._store_down_since = None
         if self._unprepared:
             self._prepare_messages()
-        return self._delay(_now())
+        return self._delay(clock.now())
 
     def _prepare_messages(self) -> None:
         """Build message templates, soonest schedules first, while nothing is due.
@@ -245,22 +272,33 @@ class VoltroScheduler(beat.Scheduler):
         first occurrences back, so it runs in the idle time between ticks instead.
         """
         while self._unprepared:
-            if self._next_wake() - _now() < PREPARE_MARGIN:
+            if self._next_wake() - self._clock.now() < PREPARE_MARGIN:
                 return
             chunk, self._unprepared = self._unprepared[:100], self._unprepared[100:]
             self._publisher.prepare([due.entry for _, _, due in chunk])
 
-    def _boot(self, now: datetime) -> None:
-        """Upgrade the schema, record catch-up per entry, and fill the heap."""
+    def _boot(self) -> None:
+        """Upgrade the schema, join the registry (a first reading of the database's clock),
+        record catch-up per entry, and fill the heap."""
         if self._settings.migrate:
             self._store.database.upgrade()
+        self._membership.join()
+        self._next_heartbeat = self._clock.now() + self._membership.interval
+        now = self._clock.now()
         entries = list(self._entries.values())
         last = self._store.last_scheduled([e.name for e in entries])
-        backfill = [
-            occurrence
-            for entry in entries
-            for occurrence in catchup.plan(entry, last.get(entry.name), now)
-        ]
+        backfill: list[Occurrence] = []
+        for entry in entries:
+            plan = catchup.plan(entry, last.get(entry.name), now)
+            backfill += plan.occurrences
+            if plan.unrecorded_until is not None:
+                logger.warning(
+                    "voltro_beat: %s: occurrences at or before %s are beyond the catch-up cap "
+                    "(%d per schedule) and are not recorded",
+                    entry.name,
+                    plan.unrecorded_until.isoformat(),
+                    catchup.MAX_BACKFILL,
+                )
         self._record(backfill, now)
         for entry in entries:
             first = next_after(entry.spec, now)
@@ -269,49 +307,47 @@ class VoltroScheduler(beat.Scheduler):
         self._booted = True
         self._unprepared = sorted(self._queue)
 
-    def _publish_ready(self, now: datetime) -> None:
-        """Publish the occurrences won ahead whose instant has come, then mark them.
+    def _publish_ready(self) -> None:
+        """Publish the occurrences won ahead whose instant has come, a chunk at a time.
 
-        They go out in chunks, and an occurrence whose lease ran out (this process was paused,
-        or publishing took that long) is not sent: it belongs to the recovery sweeps now,
-        which may already have republished it. If the broker fails, what is left of this
-        instant stays ``claimed`` for the recovery sweep, as any unconfirmed publish does.
+        An occurrence the fence no longer finds this replica's (its lease ran out while this
+        process was paused; another replica took it over) is not sent. If the broker fails,
+        what is left of this instant stays ``claimed`` and goes to recovery once its lease
+        runs out.
         """
-        published: list[str] = []
-        expired = 0
-        started = time.monotonic()
-        try:
-            while self._ready and self._ready[0][0] <= now:
-                clock = now + timedelta(seconds=time.monotonic() - started)
-                chunk: list[Occurrence] = []
-                while len(chunk) < PUBLISH_CHUNK and self._ready and self._ready[0][0] <= now:
-                    _, _, occurrence, lease = heapq.heappop(self._ready)
-                    if clock < lease:
-                        chunk.append(occurrence)
-                    else:
-                        expired += 1
-                sent = self._publish(chunk)
-                published += sent
-                if len(sent) < len(chunk):
-                    while self._ready and self._ready[0][0] <= now:
-                        heapq.heappop(self._ready)
-        finally:
-            if expired:
-                logger.warning(
-                    "voltro_beat: %d claimed runs held past their lease left to recovery",
-                    expired,
-                )
-            self._mark(published)
+        while self._ready and self._ready[0][0] <= self._clock.now():
+            now = self._clock.now()
+            chunk: list[Occurrence] = []
+            while len(chunk) < PUBLISH_CHUNK and self._ready and self._ready[0][0] <= now:
+                chunk.append(heapq.heappop(self._ready)[2])
+            if not self._send(chunk):
+                while self._ready and self._ready[0][0] <= now:
+                    heapq.heappop(self._ready)
+                return
 
     def _fire_due(self, now: datetime) -> None:
-        """Claim the occurrences whose claim time has come (their instant minus the lead)."""
+        """Claim the occurrences whose claim time has come (their instant minus the lead).
+
+        A schedule whose changed definition fires on a more recently started replica is not
+        claimed here while that replica lives; its entries come up a lease after their
+        instant, so that they are claimed late (or found claimed) if it died meanwhile.
+        """
         due: list[_Due] = []
         while self._queue and self._queue[0][0] <= now:
             due.append(heapq.heappop(self._queue)[2])
         if not due:
             return
+        yielded = self._membership.yielded
         try:
-            self._record([self._occurrence(d.entry, at, now) for d in due for at in d.pending], now)
+            self._record(
+                [
+                    self._occurrence(d.entry, at, now)
+                    for d in due
+                    if d.entry.name not in yielded
+                    for at in d.pending
+                ],
+                now,
+            )
             for d in due:
                 d.advance(now)
         finally:
@@ -378,14 +414,15 @@ class VoltroScheduler(beat.Scheduler):
             entry = self._entries[name]
             if now - run.scheduled_at > entry.max_lateness:
                 self._store.mark_missed([run.key], reason=Reason.LATE, waiting=Status.QUEUED)
-            elif self._store.promote(run.key, now=now):
-                self._publish_and_mark([run])
+            elif self._store.promote(run.key, lease=self._lease):
+                self._send([run])
 
     def _occurrence(self, entry: Entry, at: datetime, now: datetime) -> Occurrence:
-        """The occurrence of ``entry`` at ``at`` to record now: ``claimed``, or ``missed`` once
-        past its ``max_lateness`` (guarantee 6)."""
-        if now - at <= entry.max_lateness:
-            return Occurrence.of(entry.name, entry.task, at)
+        """The occurrence of ``entry`` at ``at`` to record now: ``claimed`` until its
+        deadline, ``missed`` after it (guarantee 6)."""
+        deadline = at + entry.max_lateness
+        if now <= deadline:
+            return Occurrence.of(entry.name, entry.task, at, deadline=deadline)
         down = self._store_down_since
         reason = (
             Reason.STORE_DOWN
@@ -399,11 +436,13 @@ class VoltroScheduler(beat.Scheduler):
         # Sorted by key, every replica locks the keys in the same order: no deadlock between
         # claim statements.
         occurrences = sorted(self._apply_overlap(occurrences, now), key=lambda o: o.key)
-        lease = self._lease
         for i in range(0, len(occurrences), BATCH):
             batch = occurrences[i : i + BATCH]
             won = self._store.claim(
-                batch, coordination=self._settings.coordination, now=now, prune=self._graces
+                batch,
+                coordination=self._settings.coordination,
+                lease=self._lease,
+                prune=self._graces,
             )
             lost = len(batch) - len(won)
             if lost:
@@ -412,13 +451,53 @@ class VoltroScheduler(beat.Scheduler):
                 if o.key not in won:
                     continue
                 if o.status == Status.CLAIMED:
-                    expires = max(o.scheduled_at, now) + lease
-                    heapq.heappush(self._ready, (o.scheduled_at, o.key, o, expires))
+                    heapq.heappush(self._ready, (o.scheduled_at, o.key, o))
                 else:
                     logger.info("voltro_beat: %s recorded %s (%s)", o.key, o.status, o.reason)
 
-    def _publish_and_mark(self, occurrences: Sequence[Occurrence]) -> None:
-        self._mark(self._publish(occurrences))
+    def _send(self, occurrences: Sequence[Occurrence]) -> bool:
+        """Fence, publish and mark ``occurrences`` (at most a chunk); False if the broker
+        failed.
+
+        The fence is the last statement before the broker write: what the store no longer
+        lets this replica send is dropped (guarantee 10). While the write is under way the
+        leases are renewed from a thread of their own, so a broker that is merely slow does
+        not hand the runs to recovery; a paused process renews nothing.
+        """
+        fenced = self._store.fence([o.key for o in occurrences], hold=self._lease)
+        if len(fenced) < len(occurrences):
+            logger.warning(
+                "voltro_beat: %d claimed runs no longer held by this replica (paused past "
+                "their lease, taken over, or past their deadline): not sent",
+                len(occurrences) - len(fenced),
+            )
+        chunk = [o for o in occurrences if o.key in fenced]
+        if not chunk:
+            return True
+        with self._renewing(fenced):
+            sent = self._publish(chunk)
+        self._mark(sent)
+        return len(sent) == len(chunk)
+
+    @contextmanager
+    def _renewing(self, keys: Collection[str]) -> Iterator[None]:
+        """Renew the leases of ``keys`` every third of a lease until the block ends."""
+        done = threading.Event()
+
+        def renew() -> None:
+            while not done.wait(self._lease.total_seconds() / 3):
+                try:
+                    self._store.fence(keys, hold=self._lease)
+                except StoreError as exc:
+                    logger.debug("voltro_beat: could not renew leases: %s", exc)
+
+        renewer = threading.Thread(target=renew, name="voltro-beat-lease", daemon=True)
+        renewer.start()
+        try:
+            yield
+        finally:
+            done.set()
+            renewer.join()
 
     def _publish(self, occurrences: Sequence[Occurrence]) -> list[str]:
         """Send ``occurrences``; return the keys the broker confirmed."""
@@ -433,8 +512,8 @@ class VoltroScheduler(beat.Scheduler):
             self._publisher.publish(messages)
             published = [key for _, key, _ in messages]
         except PublishError as exc:
-            # Fail closed: what the broker did not confirm stays ``claimed``; the recovery
-            # sweep republishes it with the same task ids once the broker answers.
+            # Fail closed: what the broker did not confirm stays ``claimed``; once its lease
+            # runs out a recovery sweep republishes it with the same task ids.
             if not self._broker_down:
                 logger.warning("voltro_beat: broker unreachable, will retry: %s", exc)
             self._broker_down = True
@@ -448,45 +527,51 @@ class VoltroScheduler(beat.Scheduler):
     def _mark(self, published: list[str]) -> None:
         if published:
             try:
-                self._store.mark_published(published, now=_now())
+                self._note_lost(self._store.mark_published(published))
             except StoreError:
                 self._unmarked.extend(published)
                 raise
 
+    def _note_lost(self, lost: Collection[str]) -> None:
+        if lost:
+            logger.warning(
+                "voltro_beat: %d runs were sent after their lease ran out (this replica was "
+                "paused between fence and broker write); another replica may send them too, "
+                "with the same task ids: %s",
+                len(lost),
+                ", ".join(sorted(lost)[:5]),
+            )
+
     # -- maintenance ----------------------------------------------------------------------
 
-    def _recover(self, now: datetime) -> None:
-        """Republish runs left ``claimed`` (crashed replica, broker outage) or mark them missed.
+    def _recover(self) -> None:
+        """Record runs left ``claimed`` past their deadline as missed, and take over and
+        republish the others whose lease ran out (crashed or paused replica, broker outage).
 
-        A chunk at a time, each leased (``claimed_at``) when taken, so that every republish
-        ends well within its lease even when there are many; chunks follow one another for
-        at most half the publish timeout, or until the broker fails.
+        A chunk at a time, each leased when taken; chunks follow one another for at most half
+        a lease, or until the broker fails.
         """
+        if not self._store.any_lapsed():
+            return
         started = time.monotonic()
-        while True:
-            clock = now + timedelta(seconds=time.monotonic() - started)
-            if clock - now >= self._lease:
-                return
-            stale = self._store.release_stale(
-                before=clock - self._settings.publish_timeout, now=clock, limit=PUBLISH_CHUNK
+        while time.monotonic() - started < self._lease.total_seconds() / 2:
+            expired = self._store.expire(known=self._membership.known, limit=PUBLISH_CHUNK)
+            for reason in sorted({o.reason or "" for o in expired}):
+                logger.warning(
+                    "voltro_beat: %d unpublished runs past their deadline recorded missed (%s)",
+                    sum(1 for o in expired if o.reason == reason),
+                    reason,
+                )
+            taken = self._store.take_over(
+                schedules=self._entries.keys() - self._membership.yielded.keys(),
+                hold=self._lease,
+                limit=PUBLISH_CHUNK,
             )
-            republish: list[Occurrence] = []
-            expired: list[str] = []
-            for run in stale:
-                entry = self._entries.get(run.schedule)
-                if entry is None:
-                    continue  # a schedule this replica does not know (rolling deploy)
-                if clock - run.scheduled_at > entry.max_lateness:
-                    expired.append(run.key)
-                else:
-                    republish.append(run)
-            if expired:
-                self._store.mark_missed(expired, reason=Reason.PUBLISH_FAILED)
-                logger.warning("voltro_beat: %d unpublished runs expired as missed", len(expired))
-            if republish:
-                logger.warning("voltro_beat: republishing %d unconfirmed runs", len(republish))
-                self._publish_and_mark(republish)
-            if len(stale) < PUBLISH_CHUNK or self._broker_down:
+            if taken:
+                logger.warning("voltro_beat: republishing %d unconfirmed runs", len(taken))
+                if not self._send(taken):
+                    return
+            if len(expired) < PUBLISH_CHUNK and len(taken) < PUBLISH_CHUNK:
                 return
 
     def _sweep(self, now: datetime) -> None:
@@ -496,22 +581,39 @@ class VoltroScheduler(beat.Scheduler):
         )
         if claims or runs:
             logger.info("voltro_beat: retention removed %d claims and %d runs", claims, runs)
+        self._membership.registry.forget(now - FORGET_AFTER)
 
     # -- plumbing -------------------------------------------------------------------------
 
     @property
     def _lease(self) -> timedelta:
-        """How long a replica may still publish a run it holds (from its instant or claim).
+        """How long a claim (or a fenced publish) is this replica's alone: after it, recovery
+        may take the run over (``voltro_beat_publish_timeout``)."""
+        return self._settings.publish_timeout
 
-        Recovery sweeps take a ``claimed`` row over once both its instant and its claim are
-        ``publish_timeout`` old: the holder's lease ends well before that.
-        """
-        return self._settings.publish_timeout / 2
+    @property
+    def _write_timeout(self) -> timedelta:
+        """How long one broker write may take before it is abandoned (and its runs left to
+        recovery): meanwhile its leases are renewed, so a slow broker is waited for."""
+        return self._settings.publish_timeout * 3
 
     def _push(self, due: _Due) -> None:
-        # Overlap-guarded schedules are decided at their instant, the rest claimed ahead.
-        lead = timedelta(0) if due.entry.name in self._overlap_timeouts else self._lead
-        heapq.heappush(self._queue, (due.pending[0] - lead, next(self._seq), due))
+        heapq.heappush(self._queue, (self._claim_time(due), next(self._seq), due))
+
+    def _requeue(self) -> None:
+        """Give every schedule its claim time again (the schedules yielded changed)."""
+        self._queue = [(self._claim_time(due), seq, due) for _, seq, due in self._queue]
+        heapq.heapify(self._queue)
+
+    def _claim_time(self, due: _Due) -> datetime:
+        name = due.entry.name
+        if name in self._membership.yielded:
+            lead = -self._lease  # see _fire_due
+        elif name in self._overlap_timeouts:
+            lead = timedelta(0)  # decided at its instant, when its predecessor's state is known
+        else:
+            lead = self._lead
+        return due.pending[0] - lead
 
     def _next_wake(self) -> datetime:
         """The next claim time or instant to publish, whichever comes first."""
@@ -523,7 +625,9 @@ class VoltroScheduler(beat.Scheduler):
         return wake
 
     def _delay(self, now: datetime) -> float:
-        wake = min(self._next_recovery, self._next_retention, self._next_wake())
+        wake = min(
+            self._next_recovery, self._next_retention, self._next_heartbeat, self._next_wake()
+        )
         if self._queue_policy:
             # A queued run starts within a second of its predecessor finishing, whichever
             # replica queued it (that one may be gone).
@@ -532,24 +636,29 @@ class VoltroScheduler(beat.Scheduler):
 
     def _on_store_error(self, exc: StoreError) -> None:
         # Runs published just before the outage may still be unmarked by their owners (this
-        # replica's are in _unmarked): give every owner a full publish_timeout with the store
-        # back before any recovery sweep republishes a run it did publish.
-        self._next_recovery = max(self._next_recovery, _now() + self._settings.publish_timeout)
+        # replica's are in _unmarked): give every owner a full lease with the store back
+        # before any recovery sweep of this replica republishes a run it did publish.
+        now = self._clock.now()
+        self._next_recovery = max(self._next_recovery, now + self._lease)
         if self._store_down_since is None:
-            self._store_down_since = _now()
+            self._store_down_since = now
             logger.warning("voltro_beat: publishing nothing while the store is down: %s", exc)
         else:
             logger.debug("voltro_beat: store still down: %s", exc)
 
     def close(self) -> None:
-        """Publish what is claimed and due within CLOSE_WAIT, then release the broker
-        connection and the store; safe to call more than once."""
+        """Publish what is claimed and due within CLOSE_WAIT, leave the registry, then
+        release the broker connection and the store; safe to call more than once."""
         if self._closed or not self._configured:
             self._closed = True
             return
         self._closed = True
         try:
             self._flush_ready()
+            if self._booted:
+                self._membership.leave()
+        except Exception as exc:  # a stopping beat must still stop
+            logger.warning("voltro_beat: could not finish cleanly: %s", exc)
         finally:
             self._publisher.reset()
             self._store.close()
@@ -557,13 +666,14 @@ class VoltroScheduler(beat.Scheduler):
     def _flush_ready(self) -> None:
         """Publish the occurrences claimed ahead, each at its instant, waiting at most
         CLOSE_WAIT; what is left is republished by another replica's recovery sweep."""
-        if not self._ready:
-            return
-        until = _now() + CLOSE_WAIT
+        end = time.monotonic() + CLOSE_WAIT.total_seconds()
         try:
-            while self._ready and self._ready[0][0] <= until:
-                time.sleep(max(0.0, (self._ready[0][0] - _now()).total_seconds()))
-                self._publish_ready(_now())
+            while self._ready:
+                wait = (self._ready[0][0] - self._clock.now()).total_seconds()
+                if wait > end - time.monotonic():
+                    break
+                time.sleep(max(0.0, wait))
+                self._publish_ready()
         except Exception as exc:  # a stopping beat must still stop
             logger.warning("voltro_beat: could not publish claimed runs at close: %s", exc)
         if self._ready:
@@ -579,10 +689,6 @@ def _grace(entry: Entry) -> timedelta | None:
     if step is None:
         return None
     return min(max(step * 60, timedelta(minutes=1)), timedelta(hours=1))
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
 
 
 #: The name ``-S voltro_beat.scheduler:Scheduler`` has always meant.

@@ -45,6 +45,9 @@ class Reason(StrEnum):
     STORE_DOWN = "store_down"
     #: Never confirmed by the broker within its ``max_lateness``.
     PUBLISH_FAILED = "publish_failed"
+    #: Left claimed by a replica and past its ``max_lateness``, of a schedule no live replica
+    #: runs any more (removed or renamed in a deploy).
+    UNKNOWN_SCHEDULE = "unknown_schedule"
     #: Left out by the entry's catch-up policy after downtime.
     CATCH_UP = "catch_up"
     #: Skipped because its predecessor was still running.

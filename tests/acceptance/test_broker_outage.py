@@ -33,7 +33,7 @@ OUTAGE = timedelta(seconds=10)
 #: Late enough for every occurrence of the outage: republished once the broker is back.
 PATIENT = Sched("patient", '"* * * * * *"', {"max_lateness": "120"})
 #: Shorter than the publish timeout (10 s): a run the broker refused can only become missed.
-SHORT = Sched("short", "timedelta(seconds=1)", {"max_lateness": "1"})
+SHORT = Sched("short", "timedelta(seconds=1)", {"max_lateness": "2"})
 MAX_LATENESS = {s.name: s.entry().max_lateness for s in (PATIENT, SHORT)}
 HALF = timedelta(milliseconds=500)
 

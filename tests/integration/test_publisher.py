@@ -107,7 +107,7 @@ def test_replayed_message_equals_celerys_own(raw: dict[str, Any], queue: str) ->
         app.send_task(e.task, e.args, dict(e.kwargs), task_id=tid, headers=headers, **options)
     (expected,) = received(app, queue)
 
-    publisher = Publisher(app)
+    publisher = Publisher(app, write_timeout=timedelta(seconds=30))
     publisher.prepare([e])
     publisher.publish([(e, key, tid), (e, "e@2026-01-01T10:01:00", task_id_for("x"))])
     assert publisher._templates["e"] is not None
@@ -123,7 +123,7 @@ def test_replayed_message_equals_celerys_own(raw: dict[str, Any], queue: str) ->
 def test_time_relative_options_take_celerys_path_each_time() -> None:
     app = make_app()
     e = entry("e", task="pub.registered", args=[1], options={"expires": 60})
-    publisher = Publisher(app)
+    publisher = Publisher(app, write_timeout=timedelta(seconds=30))
     publisher.publish([(e, "e@1", task_id_for("e@1"))])
     publisher.publish([(e, "e@2", task_id_for("e@2"))])
     first, second = received(app, "celery")
@@ -216,7 +216,7 @@ def test_fast_path_pushes_kombus_own_payload(
     (documents,) = expected.values()
     assert len(documents) == 1
 
-    publisher = Publisher(app)
+    publisher = Publisher(app, write_timeout=timedelta(seconds=30))
     publisher.prepare([e])
     template = publisher._templates[name]
     assert isinstance(template, _RedisPush)
@@ -246,7 +246,7 @@ def test_expiring_queue_keeps_kombus_path(broker: str) -> None:
     queue = f"exp_{RUN}"
     app = redis_app(broker, task_queues=[Queue(queue, expires=60)])
     e = entry("e", task="pub.registered", args=[1], options={"queue": queue})
-    publisher = Publisher(app)
+    publisher = Publisher(app, write_timeout=timedelta(seconds=30))
     publisher.publish([(e, "e@1", task_id_for("e@1"))])
     publisher.reset()
     template = publisher._templates["e"]
@@ -266,7 +266,7 @@ def test_fanout_queue_keeps_kombus_path(broker: str) -> None:
     listener = redis.Redis.from_url(broker).pubsub(ignore_subscribe_messages=True)
     listener.psubscribe(f"*{queue}*")
     try:
-        publisher = Publisher(app)
+        publisher = Publisher(app, write_timeout=timedelta(seconds=30))
         # As a worker consuming it would: the exchange becomes fanout on the publisher's channel.
         publisher._get_producer().maybe_declare(Broadcast(queue))
         publisher.publish([(e, "e@1", task_id_for("e@1"))])
@@ -342,7 +342,7 @@ def test_worker_consumes_fast_path_messages(
     messages = [
         (e, f"{e.name}@{i}", task_id_for(f"{e.name}@{i}")) for i in range(20) for e in entries
     ]
-    publisher = Publisher(app)
+    publisher = Publisher(app, write_timeout=timedelta(seconds=30))
     publisher.prepare(entries)
     for e in entries:
         template = publisher._templates[e.name]

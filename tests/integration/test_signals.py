@@ -48,6 +48,7 @@ HERE = Path(__file__).resolve().parent
 #: This run's suffix: queues and schedule names never meet an earlier (aborted) run's messages.
 RUN = uuid.uuid4().hex[:8]
 SCHEDULED_AT = datetime(2026, 1, 1, 9, 0, tzinfo=UTC)
+LEASE = timedelta(seconds=10)
 WAIT = 30.0
 
 
@@ -106,10 +107,10 @@ class Ledger:
             key, schedule, task, task_id_for(key), (schedule,) if args is None else args
         )
         occurrence = Occurrence(key, schedule, task, published.task_id, SCHEDULED_AT)
-        won = self.store.claim([occurrence], coordination=Coordination.ADVISORY_LOCK, now=now())
+        won = self.store.claim([occurrence], coordination=Coordination.ADVISORY_LOCK, lease=LEASE)
         assert won == {key}
         self.send(published, queue=queue, headers=headers, **options)
-        self.store.mark_published([key], now=now())
+        self.store.mark_published([key])
         return published
 
     def send(self, p: Published, *, queue: str, headers: bool = True, **options: Any) -> None:
@@ -496,7 +497,7 @@ def test_ledger_connection_killed_by_the_server_is_replaced(postgres_url: str) -
     store.claim(
         [Occurrence(key, "reconnect", "t", task_id_for(key), SCHEDULED_AT)],
         coordination=Coordination.ADVISORY_LOCK,
-        now=now(),
+        lease=LEASE,
     )
     assert writer.status(key) == "claimed"  # opens this thread's ledger connection
     backend = writer._connection().connection.dbapi_connection.info.backend_pid

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,6 +25,9 @@ from voltro_beat.store.tables import VERSION_TABLE, metadata
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
 LOCK = Coordination.ADVISORY_LOCK
+LEASE = timedelta(seconds=10)
+#: Long enough for a statement or two on a busy machine, short enough to wait out.
+SHORT = timedelta(milliseconds=400)
 
 
 def occ(n: int, schedule: str = "s", **fields: object) -> Occurrence:
@@ -47,7 +51,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     yield base
     engine = sa.create_engine(base)
     with engine.begin() as conn:
-        for table in ("_voltro_schedule_runs", "_voltro_schedule_claims", VERSION_TABLE):
+        for table in (*metadata.tables, VERSION_TABLE):
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
     engine.dispose()
 
@@ -91,8 +95,8 @@ def test_schema_matches_the_table_definitions(stores: Callable[[str], BeatStore]
 def test_claim_once_across_replicas(stores: Callable[[str], BeatStore]) -> None:
     a, b = stores("a"), stores("b")
     batch = [occ(n) for n in range(5)]
-    assert a.claim(batch, coordination=LOCK, now=T0) == {o.key for o in batch}
-    assert b.claim(batch, coordination=LOCK, now=T0) == set()
+    assert a.claim(batch, coordination=LOCK, lease=LEASE) == {o.key for o in batch}
+    assert b.claim(batch, coordination=LOCK, lease=LEASE) == set()
     rows = recent(a)
     assert {r["replica"] for r in rows} == {"a"}
     assert {(r["status"], r["coordination_outcome"]) for r in rows} == {("claimed", "won_lock")}
@@ -100,18 +104,18 @@ def test_claim_once_across_replicas(stores: Callable[[str], BeatStore]) -> None:
 
 def test_run_row_fences_after_claims_are_pruned(stores: Callable[[str], BeatStore]) -> None:
     a, b = stores("a"), stores("b")
-    assert a.claim([occ(0)], coordination=LOCK, now=T0)
-    a.sweep(claims_before=T0 + timedelta(days=1), runs_before=T0 - timedelta(days=1))
+    assert a.claim([occ(0)], coordination=LOCK, lease=LEASE)
+    a.sweep(claims_before=datetime.now(UTC) + timedelta(days=1), runs_before=T0 - timedelta(days=1))
     # The claim goes in again (it was pruned), but the run row insert conflicts.
-    assert b.claim([occ(0)], coordination=LOCK, now=T0) == set()
+    assert b.claim([occ(0)], coordination=LOCK, lease=LEASE) == set()
     assert status(a, occ(0).key) == ("claimed", None)
 
 
 def test_winner_prunes_its_schedules_older_claims(stores: Callable[[str], BeatStore]) -> None:
     store = stores()
-    store.claim([occ(n) for n in range(10)], coordination=LOCK, now=T0)
-    store.claim([occ(0, schedule="other")], coordination=LOCK, now=T0)
-    store.claim([occ(100)], coordination=LOCK, now=T0, prune={"s": timedelta(seconds=95)})
+    store.claim([occ(n) for n in range(10)], coordination=LOCK, lease=LEASE)
+    store.claim([occ(0, schedule="other")], coordination=LOCK, lease=LEASE)
+    store.claim([occ(100)], coordination=LOCK, lease=LEASE, prune={"s": timedelta(seconds=95)})
     with store.database.engine.connect() as conn:
         left = conn.execute(sa.text("SELECT id FROM _voltro_schedule_claims ORDER BY id")).scalars()
         assert sorted(left) == sorted(
@@ -122,15 +126,15 @@ def test_winner_prunes_its_schedules_older_claims(stores: Callable[[str], BeatSt
 def test_missed_and_skipped_rows_go_through_the_gate(stores: Callable[[str], BeatStore]) -> None:
     a, b = stores("a"), stores("b")
     missed = occ(1, status=Status.MISSED, reason=Reason.LATE)
-    assert a.claim([missed], coordination=LOCK, now=T0) == {missed.key}
-    assert b.claim([missed], coordination=LOCK, now=T0) == set()
+    assert a.claim([missed], coordination=LOCK, lease=LEASE) == {missed.key}
+    assert b.claim([missed], coordination=LOCK, lease=LEASE) == set()
     assert status(a, missed.key) == ("missed", "late")
 
 
 def test_single_coordination_writes_runs_only(stores: Callable[[str], BeatStore]) -> None:
     store = stores()
-    assert store.claim([occ(0)], coordination=Coordination.SINGLE, now=T0) == {occ(0).key}
-    assert store.claim([occ(0)], coordination=Coordination.SINGLE, now=T0) == set()
+    assert store.claim([occ(0)], coordination=Coordination.SINGLE, lease=LEASE) == {occ(0).key}
+    assert store.claim([occ(0)], coordination=Coordination.SINGLE, lease=LEASE) == set()
     with store.database.engine.connect() as conn:
         claims = conn.execute(sa.text("SELECT count(*) FROM _voltro_schedule_claims")).scalar()
     assert claims == 0
@@ -144,7 +148,7 @@ def test_concurrent_claims_have_exactly_one_winner(stores: Callable[[str], BeatS
 
     def race(store: BeatStore) -> None:
         barrier.wait()
-        wins[store.replica] = store.claim(batch, coordination=LOCK, now=T0)
+        wins[store.replica] = store.claim(batch, coordination=LOCK, lease=LEASE)
 
     threads = [threading.Thread(target=race, args=(s,)) for s in replicas]
     for t in threads:
@@ -181,34 +185,128 @@ def test_mark_published_keeps_a_status_the_worker_already_moved(
     stores: Callable[[str], BeatStore],
 ) -> None:
     store = stores()
-    store.claim([occ(0), occ(1)], coordination=LOCK, now=T0)
+    store.claim([occ(0), occ(1)], coordination=LOCK, lease=LEASE)
     with store.database.engine.begin() as conn:
         conn.execute(
             sa.text("UPDATE _voltro_schedule_runs SET status = 'started' WHERE id = :k"),
             {"k": occ(1).key},
         )
-    store.mark_published([occ(0).key, occ(1).key], now=T0)
+    assert store.mark_published([occ(0).key, occ(1).key]) == set()
     assert status(store, occ(0).key)[0] == "published"
     assert status(store, occ(1).key)[0] == "started"
-    assert all(r["published_at"] == T0 for r in recent(store))
+    assert all(r["published_at"] is not None for r in recent(store))
 
 
-def test_release_stale_is_a_lease(stores: Callable[[str], BeatStore]) -> None:
+def test_a_lease_is_taken_over_only_once_it_ran_out(stores: Callable[[str], BeatStore]) -> None:
     a, b = stores("a"), stores("b")
-    a.claim([occ(0), occ(1)], coordination=LOCK, now=T0)
-    a.mark_published([occ(1).key], now=T0)
-    later = T0 + timedelta(seconds=30)
-    assert b.release_stale(before=T0, now=later, limit=10) == []
-    taken = b.release_stale(before=later, now=later, limit=10)
-    assert [(p.key, p.task_id) for p in taken] == [(occ(0).key, occ(0).task_id)]
-    assert a.release_stale(before=later, now=later, limit=10) == []
-    b.mark_missed([occ(0).key], reason=Reason.PUBLISH_FAILED)
-    assert status(b, occ(0).key) == ("missed", "publish_failed")
+    a.claim([occ(0), occ(1)], coordination=LOCK, lease=SHORT)
+    a.mark_published([occ(1).key])
+    assert b.take_over(schedules={"s"}, hold=LEASE, limit=10) == []
+    time.sleep(SHORT.total_seconds() * 1.5)
+    assert a.any_lapsed()
+    taken = b.take_over(schedules={"s"}, hold=LEASE, limit=10)
+    assert [(o.key, o.task_id) for o in taken] == [(occ(0).key, occ(0).task_id)]
+    assert a.take_over(schedules={"s"}, hold=LEASE, limit=10) == []
+    assert a.fence([occ(0).key], hold=LEASE) == set()  # not a's any more
+    assert b.fence([occ(0).key], hold=LEASE) == {occ(0).key}
+    assert not a.any_lapsed()
+
+
+def test_only_known_schedules_are_taken_over(stores: Callable[[str], BeatStore]) -> None:
+    a, b = stores("a"), stores("b")
+    a.claim([occ(0), occ(0, schedule="other")], coordination=LOCK, lease=SHORT)
+    time.sleep(SHORT.total_seconds() * 1.5)
+    taken = b.take_over(schedules={"other"}, hold=LEASE, limit=10)
+    assert [o.schedule for o in taken] == ["other"]
+
+
+def test_the_fence_refuses_a_lapsed_lease(stores: Callable[[str], BeatStore]) -> None:
+    """A replica paused past its lease cannot publish, even before anyone took over."""
+    a = stores("a")
+    a.claim([occ(0), occ(1)], coordination=LOCK, lease=SHORT)
+    assert a.fence([occ(0).key], hold=LEASE) == {occ(0).key}  # renewed for 10 s
+    time.sleep(SHORT.total_seconds() * 1.5)
+    assert a.fence([occ(0).key, occ(1).key], hold=LEASE) == {occ(0).key}
+
+
+def test_the_fence_refuses_a_run_past_its_deadline(stores: Callable[[str], BeatStore]) -> None:
+    a = stores("a")
+    now = datetime.now(UTC)
+    late = occ(0, deadline=now - timedelta(seconds=1))
+    due = occ(1, deadline=now + timedelta(hours=1))
+    a.claim([late, due], coordination=LOCK, lease=LEASE)
+    assert a.fence([late.key, due.key], hold=LEASE) == {due.key}
+
+
+def test_fence_and_take_over_never_both_win_a_run(stores: Callable[[str], BeatStore]) -> None:
+    """Issue 9: of a holder's fence and another replica's takeover racing for the same runs
+    just as their lease runs out, exactly one wins each run."""
+    holder, thief = stores("holder"), stores("thief")
+    batch = [occ(n) for n in range(200)]
+    holder.claim(batch, coordination=LOCK, lease=timedelta(milliseconds=300))
+    keys = [o.key for o in batch]
+    fenced: set[str] = set()
+    taken: set[str] = set()
+    barrier = threading.Barrier(2)
+
+    def fence() -> None:
+        barrier.wait()
+        while True:
+            got = holder.fence(keys, hold=LEASE)
+            fenced.update(got)
+            if not got:
+                return
+            keys[:] = [k for k in keys if k not in got][:]
+
+    def take() -> None:
+        barrier.wait()
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and len(taken) + len(fenced) < len(batch):
+            taken.update(o.key for o in thief.take_over(schedules={"s"}, hold=LEASE, limit=20))
+
+    threads = [threading.Thread(target=fence), threading.Thread(target=take)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not fenced & taken
+    assert fenced | taken <= {o.key for o in batch}
+
+
+def test_expire_records_missed_with_the_reason(stores: Callable[[str], BeatStore]) -> None:
+    a, b = stores("a"), stores("b")
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    gone = occ(0, schedule="renamed", deadline=past)
+    failed = occ(0, deadline=past)
+    a.claim([gone, failed], coordination=LOCK, lease=SHORT)
+    assert b.expire(known={"s"}, limit=10) == []  # leases still running
+    time.sleep(SHORT.total_seconds() * 1.5)
+    expired = b.expire(known={"s"}, limit=10)
+    assert {(o.key, o.reason) for o in expired} == {
+        (gone.key, "unknown_schedule"),
+        (failed.key, "publish_failed"),
+    }
+    assert status(a, gone.key) == ("missed", "unknown_schedule")
+    assert b.take_over(schedules={"s", "renamed"}, hold=LEASE, limit=10) == []
+
+
+def test_mark_published_names_the_runs_another_replica_holds(
+    stores: Callable[[str], BeatStore],
+) -> None:
+    a, b = stores("a"), stores("b")
+    a.claim([occ(0), occ(1)], coordination=LOCK, lease=SHORT)
+    time.sleep(SHORT.total_seconds() * 1.5)
+    b.take_over(schedules={"s"}, hold=LEASE, limit=10)
+    assert a.mark_published([occ(0).key, occ(1).key]) == {occ(0).key, occ(1).key}
+
+
+def test_database_time_is_the_store_clock(stores: Callable[[str], BeatStore]) -> None:
+    assert abs(stores().database.time() - datetime.now(UTC)) < timedelta(seconds=5)
 
 
 def test_last_scheduled_per_schedule(stores: Callable[[str], BeatStore]) -> None:
     store = stores()
-    store.claim([occ(1), occ(7), occ(3, schedule="b")], coordination=LOCK, now=T0)
+    store.claim([occ(1), occ(7), occ(3, schedule="b")], coordination=LOCK, lease=LEASE)
     assert store.last_scheduled(["s", "b", "none"]) == {
         "s": T0 + timedelta(seconds=7),
         "b": T0 + timedelta(seconds=3),
@@ -217,8 +315,10 @@ def test_last_scheduled_per_schedule(stores: Callable[[str], BeatStore]) -> None
 
 def test_sweep_keeps_queued_runs(stores: Callable[[str], BeatStore]) -> None:
     store = stores()
-    store.claim([occ(0), occ(1, status=Status.QUEUED)], coordination=LOCK, now=T0)
-    gone = store.sweep(claims_before=T0 + timedelta(1), runs_before=T0 + timedelta(1))
+    store.claim([occ(0), occ(1, status=Status.QUEUED)], coordination=LOCK, lease=LEASE)
+    gone = store.sweep(
+        claims_before=datetime.now(UTC) + timedelta(1), runs_before=T0 + timedelta(1)
+    )
     assert gone == (2, 1)
     assert [r["status"] for r in recent(store)] == ["queued"]
 
@@ -226,7 +326,7 @@ def test_sweep_keeps_queued_runs(stores: Callable[[str], BeatStore]) -> None:
 @pytest.mark.parametrize("status", ["claimed", "done"])
 def test_the_database_checks_run_statuses(stores: Callable[[str], BeatStore], status: str) -> None:
     store = stores()
-    store.claim([occ(0)], coordination=LOCK, now=T0)
+    store.claim([occ(0)], coordination=LOCK, lease=LEASE)
     update = sa.text("UPDATE _voltro_schedule_runs SET status = :s")
     insert = sa.text(
         "INSERT INTO _voltro_schedule_runs (id, schedule, task, task_id, scheduled_at,"
@@ -260,7 +360,7 @@ def test_naive_datetimes_are_refused() -> None:
 def test_unreachable_store_raises_store_error() -> None:
     store = open_store("postgresql+psycopg://root@127.0.0.1:1/none", replica="r")
     with pytest.raises(StoreError) as info:
-        store.claim([occ(0)], coordination=LOCK, now=T0)
+        store.claim([occ(0)], coordination=LOCK, lease=LEASE)
     assert "127.0.0.1:1" in str(info.value)
 
 
@@ -290,5 +390,7 @@ def test_sweep_deletes_in_short_batches(
 ) -> None:
     monkeypatch.setattr(beat_module, "SWEEP_BATCH", 3)
     store = stores()
-    store.claim([occ(n) for n in range(10)], coordination=LOCK, now=T0)
-    assert store.sweep(claims_before=T0 + timedelta(1), runs_before=T0 + timedelta(1)) == (10, 10)
+    store.claim([occ(n) for n in range(10)], coordination=LOCK, lease=LEASE)
+    assert store.sweep(
+        claims_before=datetime.now(UTC) + timedelta(1), runs_before=T0 + timedelta(1)
+    ) == (10, 10)

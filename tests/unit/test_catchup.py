@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from voltro_beat.catchup import MAX_BACKFILL, plan
-from voltro_beat.occurrences import Occurrence
+from voltro_beat.catchup import MAX_BACKFILL, Plan, plan
+from voltro_beat.occurrences import occurrences_between
 from voltro_beat.schedules import parse_entries
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -26,12 +28,12 @@ def at(seconds: int) -> datetime:
     return NOW - timedelta(seconds=seconds)
 
 
-def fates(fills: list[Occurrence]) -> list[tuple[datetime, str, str | None]]:
-    return [(f.scheduled_at, f.status, f.reason) for f in fills]
+def fates(made: Plan) -> list[tuple[datetime, str, str | None]]:
+    return [(f.scheduled_at, f.status, f.reason) for f in made.occurrences]
 
 
 def test_no_history_starts_from_now() -> None:
-    assert plan(entry(), None, NOW) == []
+    assert plan(entry(), None, NOW) == Plan([])
 
 
 def test_latest_publishes_the_newest_and_records_the_rest_missed() -> None:
@@ -45,13 +47,13 @@ def test_latest_publishes_the_newest_and_records_the_rest_missed() -> None:
 
 
 def test_skip_records_everything_missed() -> None:
-    fills = plan(entry(catch_up="skip"), at(20), NOW)
+    fills = plan(entry(catch_up="skip"), at(20), NOW).occurrences
     assert [f.status for f in fills] == ["missed"] * 4
     assert {f.reason for f in fills} == {"catch_up"}
 
 
 def test_all_publishes_each_one() -> None:
-    fills = plan(entry(catch_up="all"), at(20), NOW)
+    fills = plan(entry(catch_up="all"), at(20), NOW).occurrences
     assert [(f.scheduled_at, f.status) for f in fills] == [
         (at(15), "claimed"),
         (at(10), "claimed"),
@@ -62,17 +64,87 @@ def test_all_publishes_each_one() -> None:
 
 @pytest.mark.parametrize("policy", ["latest", "skip", "all"])
 def test_only_occurrences_within_max_lateness(policy: str) -> None:
-    fills = plan(entry(catch_up=policy, max_lateness=12), at(60), NOW)
+    fills = plan(entry(catch_up=policy, max_lateness=12), at(60), NOW).occurrences
     assert [f.scheduled_at for f in fills] == [at(10), at(5), NOW]
 
 
 def test_nothing_new_since_the_last_run() -> None:
     # Last recorded at 11:59:55; the next instant, 12:00:00, is not due at 11:59:59.
-    assert plan(entry(), at(5), at(1)) == []
+    assert plan(entry(), at(5), at(1)) == Plan([])
 
 
 def test_a_fast_schedule_keeps_only_the_newest_rows() -> None:
-    fills = plan(entry(1.0, catch_up="skip"), at(86_000), NOW)
+    fills = plan(entry(1.0, catch_up="skip"), at(86_000), NOW).occurrences
     assert len(fills) == MAX_BACKFILL
     assert fills[-1].scheduled_at == NOW
     assert fills[0].scheduled_at == at(MAX_BACKFILL - 1)
+
+
+# --- irregular schedules: the walk covers the whole window (issue 9, hole 5) -------------------
+
+
+def test_an_irregular_cron_is_walked_back_to_max_lateness() -> None:
+    # Down from 08:00 to 08:30 the next day: 09:00-09:04 of the first day are inside the day of
+    # max_lateness, though the typical gap (a minute) times the cap reaches back only 16 hours.
+    now = datetime(2026, 3, 2, 8, 30, tzinfo=UTC)
+    last = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
+    made = plan(entry("0-4 9 * * *", catch_up="skip"), last, now)
+    assert [o.scheduled_at for o in made.occurrences] == [
+        datetime(2026, 3, 1, 9, minute, tzinfo=UTC) for minute in range(5)
+    ]
+    assert made.unrecorded_until is None
+
+
+def test_minutes_one_and_two_of_every_hour_all_come_back() -> None:
+    now = datetime(2026, 3, 2, 0, 0, tzinfo=UTC)
+    made = plan(entry("1,2 * * * *", catch_up="skip"), now - timedelta(days=1), now)
+    assert len(made.occurrences) == 48
+
+
+CRON_FIELD = st.one_of(
+    st.just("*"),
+    st.integers(0, 5).map(str),
+    st.lists(st.integers(0, 5), min_size=2, max_size=3, unique=True).map(
+        lambda v: ",".join(map(str, sorted(v)))
+    ),
+    st.tuples(st.integers(0, 3), st.integers(1, 3)).map(lambda t: f"{t[0]}-{t[0] + t[1]}"),
+)
+IRREGULAR = st.tuples(
+    CRON_FIELD,
+    st.one_of(st.just("*"), st.integers(0, 23).map(str), st.just("8-10"), st.just("0,12")),
+    st.one_of(st.just("*"), st.just("1,15"), st.just("29-31")),
+    st.one_of(st.just("*"), st.just("mon-fri"), st.just("sat")),
+).map(lambda f: f"{f[0]} {f[1]} {f[2]} * {f[3]}")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    IRREGULAR,
+    st.sampled_from(["latest", "skip", "all"]),
+    st.integers(1, 3 * 86_400),  # downtime, seconds
+    st.integers(60, 2 * 86_400),  # max_lateness, seconds
+    st.datetimes(
+        min_value=datetime(2024, 1, 1), max_value=datetime(2027, 1, 1), timezones=st.just(UTC)
+    ),
+)
+def test_every_occurrence_inside_max_lateness_is_recorded_once(
+    expr: str, policy: str, down: int, lateness: int, now: datetime
+) -> None:
+    """Every occurrence in (last, now] within max_lateness is published or recorded missed,
+    none twice: all of them, or the newest MAX_BACKFILL and a bound that says what was not."""
+    e = entry(expr, catch_up=policy, max_lateness=lateness)
+    last = now - timedelta(seconds=down)
+    made = plan(e, last, now)
+    window_start = max(last + timedelta(microseconds=1), now - e.max_lateness)
+    expected = list(occurrences_between(e.spec, window_start, now + timedelta(microseconds=1)))
+    got = [o.scheduled_at for o in made.occurrences]
+    assert len(got) == len(set(got))
+    if made.unrecorded_until is None:
+        assert got == expected
+    else:
+        assert len(got) == MAX_BACKFILL
+        assert got == expected[-MAX_BACKFILL:]
+        assert made.unrecorded_until == expected[-MAX_BACKFILL - 1]
+    published = [o for o in made.occurrences if o.status == "claimed"]
+    assert len(published) == {"all": len(got), "latest": min(1, len(got)), "skip": 0}[policy]
+    assert all(o.reason == "catch_up" for o in made.occurrences if o.status == "missed")

@@ -28,7 +28,7 @@ def test_sql_lists_statuses_in_declaration_order() -> None:
 def test_the_index_predicates_keep_their_migrated_text() -> None:
     # Partial index predicates are compared as text: the derived ones must read as migrated.
     assert tables.LIVE == "status IN ('claimed', 'published', 'started', 'retrying', 'queued')"
-    assert tables.PENDING == "status IN ('claimed', 'queued')"
+    assert tables.LEASED == "status IN ('claimed')"
 
 
 def test_the_newest_status_check_migration_lists_every_status() -> None:

@@ -1,14 +1,16 @@
-"""Beat's side of the store: claims, run rows, recovery and retention.
+"""Beat's side of the store: claims, run rows, the publish fence, recovery and retention.
 
 Every write of the firing path is one statement or one short transaction per batch; every
 driver error leaves here as :class:`~voltro_beat.exceptions.StoreError` (guarantee 5: the
-scheduler fails closed on it).
+scheduler fails closed on it). Leases and deadlines are compared with the store's own clock
+as each statement runs (PostgreSQL's ``clock_timestamp()``, SQLite's process clock), never with
+an instant a replica computed earlier (guarantees 9 and 10).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,6 +23,9 @@ from voltro_beat.status import KEPT_BY_RETENTION, Reason, Status
 from voltro_beat.store import postgresql
 from voltro_beat.store.database import SQLITE_CHUNK, Database, chunks
 from voltro_beat.store.tables import LIVE, claims, runs
+
+#: SQLite's clock as the statement runs (see voltro_beat.store.database).
+_SQLITE_NOW: sa.ColumnElement[Any] = sa.func.voltro_now()
 
 #: Rows deleted per retention transaction.
 SWEEP_BATCH = 10_000
@@ -44,28 +49,30 @@ class BeatStore:
         occurrences: Sequence[Occurrence],
         *,
         coordination: Coordination,
-        now: datetime,
+        lease: timedelta,
         prune: Mapping[str, timedelta] | None = None,
     ) -> set[str]:
         """Record ``occurrences``; return the keys this replica won.
 
         Under a coordination that claims, each key first goes through the claims table
         (guarantee 2); either way the run row's primary key is the last fence (guarantee 4).
-        Claims and run rows are one transaction (guarantee 3). ``prune`` maps a schedule to
-        how long its claims outlive a newer win: the winner deletes the older ones.
+        Claims and run rows are one transaction (guarantee 3). A ``claimed`` row is this
+        replica's to publish for ``lease`` from its instant (or from now, if that is later).
+        ``prune`` maps a schedule to how long its claims outlive a newer win: the winner
+        deletes the older ones.
         """
         if not occurrences:
             return set()
         prune = prune or {}
         if self.database.dialect == "postgresql":
-            return self._claim_postgresql(occurrences, coordination, now, prune)
-        return self._claim_sqlite(occurrences, coordination, now, prune)
+            return self._claim_postgresql(occurrences, coordination, lease, prune)
+        return self._claim_sqlite(occurrences, coordination, lease, prune)
 
     def _claim_postgresql(
         self,
         occurrences: Sequence[Occurrence],
         coordination: Coordination,
-        now: datetime,
+        lease: timedelta,
         prune: Mapping[str, timedelta],
     ) -> set[str]:
         rows = []
@@ -81,13 +88,14 @@ class BeatStore:
                     o.status,
                     o.reason,
                     None if grace is None else (o.scheduled_at - grace).isoformat(),
+                    None if o.deadline is None else o.deadline.isoformat(),
                 ]
             )
         params = {
             "rows": json.dumps(rows),
-            "now": now,
             "replica": self.replica,
             "outcome": coordination.outcome,
+            "lease": lease.total_seconds(),
         }
         sql = postgresql.CLAIM if coordination.claims else postgresql.RECORD
         # Autocommit: one statement needs no BEGIN and COMMIT round trips.
@@ -98,11 +106,12 @@ class BeatStore:
         self,
         occurrences: Sequence[Occurrence],
         coordination: Coordination,
-        now: datetime,
+        lease: timedelta,
         prune: Mapping[str, timedelta],
     ) -> set[str]:
         won: set[str] = set()
         with self.database.connect() as conn, conn.begin():
+            now = self.database.clock()  # see _now()
             for chunk in chunks(occurrences, SQLITE_CHUNK):
                 if coordination.claims:
                     rows = [
@@ -127,7 +136,7 @@ class BeatStore:
                         continue
                 stmt = (
                     sqlite_insert(runs)
-                    .values([self._run_row(o, coordination, now) for o in chunk])
+                    .values([self._run_row(o, coordination, now, lease) for o in chunk])
                     .on_conflict_do_nothing()
                     .returning(runs.c.id)
                 )
@@ -149,7 +158,9 @@ class BeatStore:
                     )
         return won
 
-    def _run_row(self, o: Occurrence, coordination: Coordination, now: datetime) -> dict[str, Any]:
+    def _run_row(
+        self, o: Occurrence, coordination: Coordination, now: datetime, lease: timedelta
+    ) -> dict[str, Any]:
         return {
             "id": o.key,
             "schedule": o.schedule,
@@ -161,35 +172,92 @@ class BeatStore:
             "reason": o.reason,
             "replica": self.replica,
             "claimed_at": now,
+            "deadline": o.deadline,
+            "lease_until": (
+                max(o.scheduled_at, now) + lease if o.status == Status.CLAIMED else None
+            ),
         }
 
-    def mark_published(self, keys: Iterable[str], *, now: datetime) -> None:
-        """Stamp ``published_at``; a row still ``claimed`` becomes ``published``.
+    def fence(self, keys: Iterable[str], *, hold: timedelta) -> set[str]:
+        """The publish fence: of ``keys``, the runs this replica may send now.
 
-        The worker may already have moved the row on (started, even succeeded): its status
+        A run qualifies while it is ``claimed``, names this replica, its lease has not run out
+        and its deadline has not passed; its lease is then ``hold`` from now. Recovery takes a
+        row over only once its lease ran out, so for each row exactly one of the two wins
+        (guarantee 10). Call it right before the broker write: whatever pause comes after it
+        counts against ``hold``.
+        """
+        keys = list(keys)
+        if not keys:
+            return set()
+        if self.database.dialect == "postgresql":
+            with self.database.connect(autocommit=True) as conn:
+                rows = conn.execute(
+                    sa.text(postgresql.FENCE),
+                    {
+                        "keys": json.dumps(keys),
+                        "replica": self.replica,
+                        "hold": hold.total_seconds(),
+                    },
+                )
+                return {row[0] for row in rows}
+        fenced: set[str] = set()
+        with self.database.connect() as conn, conn.begin():
+            # The comparisons read the clock as the statement runs: a pause between a clock
+            # read in Python and the statement would let an expired lease pass.
+            stmt = (
+                sa.update(runs)
+                .where(
+                    runs.c.id.in_(sa.bindparam("keys", expanding=True)),
+                    runs.c.status == Status.CLAIMED,
+                    runs.c.replica == self.replica,
+                    runs.c.lease_until > _SQLITE_NOW,
+                    sa.or_(runs.c.deadline.is_(None), runs.c.deadline >= _SQLITE_NOW),
+                )
+                .values(lease_until=self.database.clock() + hold)
+                .returning(runs.c.id)
+            )
+            for chunk in chunks(keys, SQLITE_CHUNK):
+                fenced.update(row[0] for row in conn.execute(stmt, {"keys": list(chunk)}))
+        return fenced
+
+    def mark_published(self, keys: Iterable[str]) -> set[str]:
+        """Stamp ``published_at`` and end the leases; a row still ``claimed`` becomes
+        ``published``. Returns the keys whose row names another replica by now: sent after
+        this replica lost them (see guarantee 10).
+
+        The worker may already have moved a row on (started, even succeeded): its status
         stays.
         """
         keys = list(keys)
         if not keys:
-            return
+            return set()
         if self.database.dialect == "postgresql":
             with self.database.connect(autocommit=True) as conn:
-                conn.execute(
-                    sa.text(postgresql.MARK_PUBLISHED), {"keys": json.dumps(keys), "now": now}
+                rows = conn.execute(sa.text(postgresql.MARK_PUBLISHED), {"keys": json.dumps(keys)})
+                return {key for key, replica in rows if replica != self.replica}
+        lost: set[str] = set()
+        with self.database.connect() as conn, conn.begin():
+            stmt = (
+                sa.update(runs)
+                .where(runs.c.id.in_(sa.bindparam("keys", expanding=True)))
+                .values(
+                    published_at=self.database.clock(),
+                    lease_until=None,
+                    status=sa.case(
+                        (runs.c.status == Status.CLAIMED, Status.PUBLISHED.value),
+                        else_=runs.c.status,
+                    ),
                 )
-            return
-        stmt = (
-            sa.update(runs)
-            .where(runs.c.id.in_(sa.bindparam("keys", expanding=True)))
-            .values(
-                published_at=now,
-                status=sa.case(
-                    (runs.c.status == Status.CLAIMED, Status.PUBLISHED.value),
-                    else_=runs.c.status,
-                ),
+                .returning(runs.c.id, runs.c.replica)
             )
-        )
-        self._write_in_chunks(stmt, keys)
+            for chunk in chunks(keys, SQLITE_CHUNK):
+                lost.update(
+                    key
+                    for key, replica in conn.execute(stmt, {"keys": list(chunk)})
+                    if replica != self.replica
+                )
+        return lost
 
     def mark_missed(
         self, keys: Iterable[str], *, reason: Reason, waiting: Status = Status.CLAIMED
@@ -201,7 +269,7 @@ class BeatStore:
         stmt = (
             sa.update(runs)
             .where(runs.c.id.in_(sa.bindparam("keys", expanding=True)), runs.c.status == waiting)
-            .values(status=Status.MISSED.value, reason=reason.value)
+            .values(status=Status.MISSED.value, reason=reason.value, lease_until=None)
         )
         self._write_in_chunks(stmt, keys)
 
@@ -250,14 +318,21 @@ class BeatStore:
             )
             self._write_in_chunks(stmt, keys)
 
-    def promote(self, key: str, *, now: datetime) -> bool:
-        """Turn the ``queued`` run ``key`` into a claimed one of this replica; False if lost."""
-        stmt = (
-            sa.update(runs)
-            .where(runs.c.id == key, runs.c.status == Status.QUEUED)
-            .values(status=Status.CLAIMED.value, claimed_at=now, replica=self.replica)
-        )
+    def promote(self, key: str, *, lease: timedelta) -> bool:
+        """Turn the ``queued`` run ``key`` into a claimed one of this replica, leased for
+        ``lease``; False if another replica did first."""
         with self.database.connect() as conn, conn.begin():
+            now = self.database.now()
+            stmt = (
+                sa.update(runs)
+                .where(runs.c.id == key, runs.c.status == Status.QUEUED)
+                .values(
+                    status=Status.CLAIMED.value,
+                    claimed_at=now,
+                    replica=self.replica,
+                    lease_until=now + lease,
+                )
+            )
             return bool(conn.execute(stmt).rowcount)
 
     def _write_in_chunks(self, stmt: sa.Executable, keys: list[str]) -> None:
@@ -274,32 +349,97 @@ class BeatStore:
 
     # -- recovery -----------------------------------------------------------------------
 
-    def release_stale(self, *, before: datetime, now: datetime, limit: int) -> list[Occurrence]:
-        """Take over ``claimed`` rows untouched since ``before`` and scheduled before it
-        (crashed or failed publishes): they are this replica's now."""
-        # A conditional update is the lease: of several replicas sweeping at once, exactly
-        # one gets each row back (SKIP LOCKED on PostgreSQL; SQLite serialises writers).
-        stale = (
-            sa.select(runs.c.id)
-            # A run claimed ahead of its instant is not stale before its instant either.
-            .where(
-                runs.c.status == Status.CLAIMED,
-                runs.c.claimed_at < before,
-                runs.c.scheduled_at < before,
-            )
-            .order_by(runs.c.claimed_at)
-            .limit(limit)
-        )
-        if self.database.dialect == "postgresql":
-            stale = stale.with_for_update(skip_locked=True)
-        stmt = (
-            sa.update(runs)
-            .where(runs.c.id.in_(stale.scalar_subquery()), runs.c.status == Status.CLAIMED)
-            .values(claimed_at=now, replica=self.replica)
-            .returning(runs.c.id, runs.c.schedule, runs.c.task, runs.c.task_id, runs.c.scheduled_at)
-        )
+    def any_lapsed(self) -> bool:
+        """Whether some ``claimed`` run's lease ran out (cheap: the lease index)."""
+        with self.database.connect() as conn:
+            stmt = sa.select(runs.c.id).where(_lapsed(self.database.now())).limit(1)
+            return conn.execute(stmt).first() is not None
+
+    def take_over(
+        self, *, schedules: Collection[str], hold: timedelta, limit: int
+    ) -> list[Occurrence]:
+        """Take over at most ``limit`` ``claimed`` runs of ``schedules`` whose lease ran out
+        (a replica crashed, stopped or lost the broker) and whose deadline has not passed:
+        they are this replica's, leased for ``hold``, oldest lease first.
+
+        A conditional update: of several replicas at once, exactly one gets each row (SKIP
+        LOCKED on PostgreSQL; SQLite serialises writers), and none while the holder's lease
+        runs (guarantee 10).
+        """
         with self.database.connect() as conn, conn.begin():
-            return [Occurrence(*row) for row in conn.execute(stmt)]
+            now = self.database.now()
+            lapsed = sa.and_(
+                _lapsed(now),
+                sa.or_(runs.c.deadline.is_(None), runs.c.deadline >= now),
+                runs.c.schedule.in_(self._names()),
+            )
+            stale = sa.select(runs.c.id).where(lapsed).order_by(runs.c.lease_until).limit(limit)
+            if self.database.dialect == "postgresql":
+                stale = stale.with_for_update(skip_locked=True)
+            stmt = (
+                sa.update(runs)
+                .where(runs.c.id.in_(stale.scalar_subquery()), _lapsed(now))
+                .values(replica=self.replica, lease_until=now + hold)
+                .returning(
+                    runs.c.id,
+                    runs.c.schedule,
+                    runs.c.task,
+                    runs.c.task_id,
+                    runs.c.scheduled_at,
+                    runs.c.deadline,
+                )
+            )
+            return [
+                Occurrence(key, name, task, task_id, at, deadline=deadline)
+                for key, name, task, task_id, at, deadline in conn.execute(
+                    stmt, {"names": json.dumps(sorted(schedules))}
+                )
+            ]
+
+    def expire(self, *, known: Collection[str], limit: int) -> list[Occurrence]:
+        """Record as ``missed`` at most ``limit`` ``claimed`` runs whose lease ran out and
+        whose deadline passed (guarantee 6), whatever their schedule: reason
+        ``publish_failed`` for a schedule in ``known`` (a live replica runs it), else
+        ``unknown_schedule`` (removed or renamed: nobody could publish it). Returns them."""
+        with self.database.connect() as conn, conn.begin():
+            now = self.database.now()
+            doomed = (
+                sa.select(runs.c.id)
+                .where(_lapsed(now), runs.c.deadline < now)
+                .order_by(runs.c.lease_until)
+                .limit(limit)
+            )
+            if self.database.dialect == "postgresql":
+                doomed = doomed.with_for_update(skip_locked=True)
+            reason = sa.case(
+                (runs.c.schedule.in_(self._names()), Reason.PUBLISH_FAILED.value),
+                else_=Reason.UNKNOWN_SCHEDULE.value,
+            )
+            stmt = (
+                sa.update(runs)
+                .where(runs.c.id.in_(doomed.scalar_subquery()), _lapsed(now))
+                .values(status=Status.MISSED.value, reason=reason, lease_until=None)
+                .returning(
+                    runs.c.id,
+                    runs.c.schedule,
+                    runs.c.task,
+                    runs.c.task_id,
+                    runs.c.scheduled_at,
+                    runs.c.reason,
+                )
+            )
+            return [
+                Occurrence(key, name, task, task_id, at, Status.MISSED, why)
+                for key, name, task, task_id, at, why in conn.execute(
+                    stmt, {"names": json.dumps(sorted(known))}
+                )
+            ]
+
+    def _names(self) -> sa.TextClause:
+        """The ``names`` parameter (a JSON list) as a set of rows to compare ``IN`` with."""
+        if self.database.dialect == "postgresql":
+            return sa.text("SELECT json_array_elements_text(CAST(:names AS json))")
+        return sa.text("SELECT value FROM json_each(:names)")
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -346,6 +486,11 @@ class BeatStore:
 
     def close(self) -> None:
         self.database.dispose()
+
+
+def _lapsed(now: Any) -> sa.ColumnElement[bool]:
+    """A ``claimed`` row whose lease ran out by ``now``."""
+    return sa.and_(runs.c.status == Status.CLAIMED, runs.c.lease_until < now)
 
 
 def _instant(value: Any) -> datetime:

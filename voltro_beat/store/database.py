@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -47,6 +48,9 @@ class Database:
     def __init__(self, url: URL) -> None:
         self.dialect = url.get_backend_name()
         self.display_url = url.render_as_string(hide_password=True)
+        #: SQLite's clock (one host: the process's own), also inside statements as the SQL
+        #: function ``voltro_now()``. PostgreSQL's is the server's ``clock_timestamp()``.
+        self.clock: Callable[[], datetime] = _utc_now
         if self.dialect == "postgresql":
             self.engine = sa.create_engine(
                 url,
@@ -67,7 +71,7 @@ class Database:
             )
         else:
             self.engine = sa.create_engine(url, pool_pre_ping=True)
-            _configure_sqlite(self.engine)
+            _configure_sqlite(self.engine, lambda: self.clock())
 
     @classmethod
     def open(cls, url: str) -> Database:
@@ -119,6 +123,34 @@ class Database:
         """``exc`` (a driver error) as the :class:`StoreError` voltro_beat raises."""
         return StoreError(f"store {self.display_url}: {first_line(exc)}")
 
+    def now(self) -> Any:
+        """The store's clock for a statement: PostgreSQL's ``clock_timestamp()``, read as the
+        statement runs; on SQLite the process clock, read now. Read inside a BEGIN IMMEDIATE
+        transaction, SQLite's reading may be older than the statement (a pause in between)
+        but no other writer can have acted meanwhile; where an old reading would let an
+        expired lease pass, use the SQL function ``voltro_now()`` instead."""
+        if self.dialect == "postgresql":
+            return sa.func.clock_timestamp(type_=sa.DateTime(timezone=True))
+        return self.clock()
+
+    def time(self) -> datetime:
+        """The store's clock now (one round trip on PostgreSQL)."""
+        return self.read_clock()[0]
+
+    def read_clock(self) -> tuple[datetime, float, float]:
+        """A reading of the store's clock, with the monotonic instants just before and just
+        after its round trip: its error is half that round trip, so nothing else is timed (the
+        connection's checkout and ping come before)."""
+        if self.dialect != "postgresql":
+            now = time.monotonic()
+            return self.clock(), now, now
+        with self.connect(autocommit=True) as conn:
+            sent = time.monotonic()
+            value = conn.execute(sa.select(sa.func.clock_timestamp())).scalar_one()
+            received = time.monotonic()
+        assert isinstance(value, datetime)
+        return value.astimezone(UTC), sent, received
+
     def upgrade(self) -> None:
         """Bring the schema to the newest migration; safe when replicas boot together."""
         from voltro_beat.store.migrations.runner import upgrade
@@ -145,11 +177,21 @@ def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
         yield items[start : start + size]
 
 
-def _configure_sqlite(engine: Engine) -> None:
-    """WAL, a busy timeout, and ``BEGIN IMMEDIATE`` so that writers queue instead of failing."""
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _configure_sqlite(engine: Engine, clock: Callable[[], datetime]) -> None:
+    """WAL, a busy timeout, ``BEGIN IMMEDIATE`` so that writers queue instead of failing, and
+    ``voltro_now()``: the clock as the statement runs, as SQLAlchemy stores instants there
+    (naive UTC text with six fraction digits, which compares with stored instants)."""
+
+    def voltro_now() -> str:
+        return clock().astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.create_function("voltro_now", 0, voltro_now)
         # Let SQLAlchemy's begin event emit BEGIN itself (pysqlite's own handling defers it).
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()

@@ -1,9 +1,11 @@
 """The statements of beat's firing path written for PostgreSQL by hand.
 
 One statement, one round trip, whatever the batch size: the batch travels as one JSON
-parameter (psycopg dumps a text parameter in C, while eight Python lists as arrays cost more
-than the statement itself), and data-modifying CTEs make claims + runs + pruning one atomic
-statement. SQLite runs the same steps as SQLAlchemy Core statements in one transaction
+parameter (psycopg dumps a text parameter in C, while Python lists as arrays cost more than
+the statement itself), and data-modifying CTEs make claims + runs + pruning one atomic
+statement. Every instant a lease or a deadline is compared with is ``clock_timestamp()``: the
+database's clock when the statement runs, never a value a replica computed before a pause
+(guarantees 9 and 10). SQLite runs the same steps as SQLAlchemy Core statements
 (:mod:`voltro_beat.store.beat`).
 """
 
@@ -12,33 +14,40 @@ from __future__ import annotations
 from voltro_beat.status import Status
 from voltro_beat.store.tables import CLAIMS, RUNS
 
+_CLAIMED = f"'{Status.CLAIMED}'"
+_PUBLISHED = f"'{Status.PUBLISHED}'"
+
 _INPUT = """
 WITH input AS (
     SELECT e->>0 AS id, e->>1 AS schedule, e->>2 AS task, e->>3 AS task_id,
            CAST(e->>4 AS timestamptz) AS scheduled_at, e->>5 AS status, e->>6 AS reason,
-           CAST(e->>7 AS timestamptz) AS prune_before
+           CAST(e->>7 AS timestamptz) AS prune_before, CAST(e->>8 AS timestamptz) AS deadline
     FROM json_array_elements(CAST(:rows AS json)) AS e
 )"""
 
+# A claimed row's lease runs from its instant (claimed ahead) or from now (claimed late).
 _RUNS_INSERT = f"""
     INSERT INTO {RUNS}
         (id, schedule, task, task_id, scheduled_at, coordination_outcome, status, reason,
-         replica, claimed_at)
+         replica, claimed_at, deadline, lease_until)
     SELECT i.id, i.schedule, i.task, i.task_id, i.scheduled_at, :outcome, i.status, i.reason,
-           :replica, :now
+           :replica, clock_timestamp(), i.deadline,
+           CASE WHEN i.status = {_CLAIMED}
+                THEN GREATEST(i.scheduled_at, clock_timestamp()) + make_interval(secs => :lease)
+           END
     FROM input i {{join}}
     ON CONFLICT DO NOTHING
     RETURNING id"""
 
 #: Claims, then run rows for the claims that went in, then the winner's pruning of its
-#: schedules' older claims; returns the keys won. Parameters: rows (JSON), now, replica,
-#: outcome.
+#: schedules' older claims; returns the keys won. Parameters: rows (JSON), replica, outcome,
+#: lease (seconds).
 CLAIM = (
     _INPUT
     + f""",
 gated AS (
     INSERT INTO {CLAIMS} (id, schedule, scheduled_at, claimed_at, replica)
-    SELECT id, schedule, scheduled_at, :now, :replica FROM input
+    SELECT id, schedule, scheduled_at, clock_timestamp(), :replica FROM input
     ON CONFLICT DO NOTHING
     RETURNING id
 ),
@@ -65,11 +74,26 @@ recorded AS ("""
 SELECT id FROM recorded"""
 )
 
-#: Stamp the publish time of the runs in ``keys`` (a JSON list). The worker may already have
-#: moved a row on (started, even succeeded): only a ``claimed`` row becomes ``published``.
+#: The publish fence: of the runs in ``keys`` (JSON), those this replica still holds, whose
+#: lease has not run out and whose deadline has not passed, get a lease of ``hold`` seconds
+#: from now; returns them. A recovery takeover needs the lease run out, so of the two only
+#: one can win a row (guarantee 10).
+FENCE = f"""
+UPDATE {RUNS} AS r
+SET lease_until = clock_timestamp() + make_interval(secs => :hold)
+FROM json_array_elements_text(CAST(:keys AS json)) AS k(id)
+WHERE r.id = k.id AND r.status = {_CLAIMED} AND r.replica = :replica
+  AND r.lease_until > clock_timestamp()
+  AND (r.deadline IS NULL OR r.deadline >= clock_timestamp())
+RETURNING r.id"""
+
+#: Stamp the publish time of the runs in ``keys`` (JSON) and end their leases; returns each
+#: key and the replica its row names now. The worker may already have moved a row on
+#: (started, even succeeded): only a ``claimed`` row becomes ``published``.
 MARK_PUBLISHED = f"""
 UPDATE {RUNS} AS r
-SET published_at = :now,
-    status = CASE WHEN r.status = '{Status.CLAIMED}' THEN '{Status.PUBLISHED}' ELSE r.status END
+SET published_at = clock_timestamp(), lease_until = NULL,
+    status = CASE WHEN r.status = {_CLAIMED} THEN {_PUBLISHED} ELSE r.status END
 FROM json_array_elements_text(CAST(:keys AS json)) AS k(id)
-WHERE r.id = k.id"""
+WHERE r.id = k.id
+RETURNING r.id, r.replica"""

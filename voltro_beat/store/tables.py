@@ -9,7 +9,7 @@ for the queries and must match the latest migration (a test compares them).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -20,6 +20,7 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
+    Interval,
     MetaData,
     Table,
     Text,
@@ -27,10 +28,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-from voltro_beat.status import UNFINISHED, UNPUBLISHED, Status, sql_in
+from voltro_beat.status import UNFINISHED, Status, sql_in
 
 CLAIMS = "_voltro_schedule_claims"
 RUNS = "_voltro_schedule_runs"
+REPLICAS = "_voltro_beat_replicas"
 VERSION_TABLE = "_voltro_beat_alembic_version"
 
 
@@ -44,6 +46,10 @@ class UTCDateTime(TypeDecorator[datetime]):
 
     impl = DateTime(timezone=True)
     cache_ok = True
+
+    def coerce_compared_value(self, op: Any, value: Any) -> Any:
+        # ``instant + timedelta`` in SQL: the timedelta is an interval, not an instant.
+        return Interval() if isinstance(value, timedelta) else self
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
@@ -61,8 +67,8 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 #: Runs that are not finished: on their way, running, or waiting behind a predecessor.
 LIVE = sql_in(UNFINISHED)
-#: Runs beat still has to publish (or record missed).
-PENDING = sql_in(UNPUBLISHED)
+#: Runs a replica holds under a lease, to publish (the recovery sweep's partial index).
+LEASED = sql_in({Status.CLAIMED})
 
 metadata = MetaData()
 
@@ -99,8 +105,17 @@ runs = Table(
     Column("duration", Float),
     Column("retries", Integer, nullable=False, server_default=text("0")),
     Column("error", Text),
+    # A ``claimed`` row may be published by ``replica`` only until then, on the database's
+    # clock; after it, any replica may take the row over (guarantee 10).
+    Column("lease_until", UTCDateTime),
+    # The instant plus the entry's max_lateness: never published after it (guarantee 6).
+    Column("deadline", UTCDateTime),
     Index("ix_voltro_runs_schedule_at", "schedule", "scheduled_at"),
-    Index("ix_voltro_runs_scheduled_at", "scheduled_at"),
+    # Newest first (the retention sweep, `voltro-beat runs`, the admin's pages), also within
+    # one status or coordination outcome (the admin's filters); the key breaks ties.
+    Index("ix_voltro_runs_newest", "scheduled_at", "id"),
+    Index("ix_voltro_runs_status_newest", "status", "scheduled_at", "id"),
+    Index("ix_voltro_runs_outcome_newest", "coordination_outcome", "scheduled_at", "id"),
     Index("ix_voltro_runs_task_id", "task_id"),
     # Unfinished runs of a schedule, for the overlap policies: small once workers record
     # their outcomes (voltro_beat.attach), however long the runs retention.
@@ -111,13 +126,32 @@ runs = Table(
         postgresql_where=text(LIVE),
         sqlite_where=text(LIVE),
     ),
-    # Small partial index: the recovery sweep looks for rows still waiting to be published.
+    # Small partial index: the recovery sweep looks for claimed rows whose lease ran out.
     Index(
-        "ix_voltro_runs_pending",
-        "status",
-        "claimed_at",
-        postgresql_where=text(PENDING),
-        sqlite_where=text(PENDING),
+        "ix_voltro_runs_lease",
+        "lease_until",
+        postgresql_where=text(LEASED),
+        sqlite_where=text(LEASED),
     ),
     CheckConstraint(sql_in(Status), name="ck_voltro_runs_status"),
+)
+
+#: The replica registry: one row per beat replica, refreshed by its heartbeat.
+replicas = Table(
+    REPLICAS,
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("version", Text, nullable=False),
+    # Both on the database's clock.
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("last_seen", UTCDateTime, nullable=False),
+    # Its local wall clock minus the database's, in seconds, at its last heartbeat.
+    Column("clock_offset", Float),
+    # JSON: the settings replicas compare (voltro_beat.registry.SHARED_SETTINGS).
+    Column("settings", Text, nullable=False),
+    # JSON {schedule name: hash of its definition}, and a hash of that map.
+    Column("schedules", Text, nullable=False),
+    Column("schedules_digest", Text, nullable=False),
 )

@@ -14,13 +14,13 @@ from sqlalchemy.engine import Connection
 SCRIPTS = str(Path(__file__).parent)
 
 
-def upgrade(connection: Connection) -> None:
-    """Upgrade to the newest revision inside the caller's transaction."""
+def upgrade(connection: Connection, revision: str = "head") -> None:
+    """Upgrade to ``revision`` (the newest by default) inside the caller's transaction."""
     with _alembic() as (Config, command):
         config = Config()
         config.set_main_option("script_location", SCRIPTS)
         config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+        command.upgrade(config, revision)
 
 
 def sql(url: str) -> str:

@@ -1,0 +1,224 @@
+"""Fixtures of the admin tests: a store filled by real beat replicas and a worker, a copy of
+it on SQLite, headless Chromium.
+
+One beat/worker scenario for the whole session (``seeded``): two ``celery beat -S voltro``
+replicas and a prefork worker of ``tests/acceptance/vbt_admin_proj.py`` on PostgreSQL + Redis
+(db 13) run four schedules for a few seconds, stop for a few, run again: succeeded, failed,
+retried and missed rows, and claims.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+# admin_sites puts tests/acceptance (vbt_harness) on the path.
+from admin_sites import ROOT, DjangoSite
+from vbt_harness import (
+    POSTGRES_ADMIN_URL,
+    REDIS_URL,
+    Deployments,
+    ProcessSet,
+    Sched,
+    fresh_database,
+    require_binary,
+    sqlalchemy_url,
+    wait_until,
+)
+
+from voltro_beat.contrib.django.apps import ROUTER
+from voltro_beat.status import UNFINISHED
+from voltro_beat.store.database import Database
+from voltro_beat.store.tables import claims, runs
+
+#: The schedules of the scenario: one per outcome the admin shows.
+SCHEDULES = (
+    Sched("ok-1s", '"* * * * * *"', task="vbt_admin.ok"),
+    Sched("boom-2s", "timedelta(seconds=2)", task="vbt_admin.boom"),
+    Sched("flaky-3s", "timedelta(seconds=3)", task="vbt_admin.flaky"),
+    # Its older occurrences fall past max_lateness while beat is down: missed, or no row.
+    Sched("lateness-3s", '"* * * * * *"', extra={"max_lateness": "3"}, task="vbt_admin.ok"),
+)
+APP = "vbt_admin_proj:app"
+BROKER = REDIS_URL.rsplit("/", 1)[0] + "/13"
+
+
+@dataclass(frozen=True)
+class Seeded:
+    """The store the scenario filled, and how to reach the app it ran."""
+
+    store_url: str
+    #: What the admin's processes need to load the app (for the next occurrences).
+    env: dict[str, str]
+    rows: list[dict[str, object]]
+
+    def row(self, key: str) -> dict[str, object]:
+        return next(r for r in self.rows if r["id"] == key)
+
+    def newest(self, **where: object) -> list[str]:
+        """Keys of the rows matching ``where``, newest first (the admin's order)."""
+        chosen = [r for r in self.rows if all(r[k] == v for k, v in where.items())]
+        chosen.sort(key=lambda r: (r["scheduled_at"], r["id"]), reverse=True)
+        return [str(r["id"]) for r in chosen]
+
+
+def _settled(store_url: str) -> bool:
+    with sa.create_engine(store_url, poolclass=sa.NullPool).connect() as conn:
+        live = conn.execute(
+            sa.select(sa.func.count()).where(runs.c.status.in_([s.value for s in UNFINISHED]))
+        )
+        return live.scalar_one() == 0
+
+
+@pytest.fixture(scope="session")
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="vbt-admin-"))
+    yield path
+    if os.environ.get("VBT_KEEP") == "1":
+        print(f"kept {path}")
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def seeded(workdir: Path, require_service: Callable[[str, str], str]) -> Iterator[Seeded]:
+    require_service("PostgreSQL", POSTGRES_ADMIN_URL)
+    require_service("Redis", BROKER)
+    procs = ProcessSet()
+    with fresh_database("vbt_admin") as exec_db:
+        made = Deployments(workdir / "scenario", procs, exec_db)
+        made.workdir.mkdir()
+        try:
+            dep = made(store=sqlalchemy_url(exec_db), broker=BROKER, app="vbt_admin_proj")
+            dep.configure(SCHEDULES, voltro_beat_coordination="advisory_lock")
+            dep.start_worker()
+            dep.start_beats("r1", "r2")
+            dep.wait_ready()
+            # Run, stop every replica past the late schedule's max_lateness, run again.
+            time.sleep(6)
+            dep.stop_beats()
+            time.sleep(4)
+            dep.start_beats("r1", "r2")
+            dep.wait_ready()
+            time.sleep(4)
+            dep.stop_beats()
+            wait_until(lambda: _settled(dep.store_url), timeout=30)
+        except BaseException:
+            print(procs.tails())
+            raise
+        finally:
+            made.close()
+        engine = sa.create_engine(dep.store_url, poolclass=sa.NullPool)
+        with engine.connect() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(sa.select(runs))]
+        yield Seeded(
+            dep.store_url,
+            env={"VBT_CONFIG_FILE": str(dep.config_file), "VBT_EXEC_DSN": exec_db},
+            rows=rows,
+        )
+
+
+def failed_run(seeded: Seeded) -> dict[str, object]:
+    """The newest failed run (the Django sites have a task result stored for it)."""
+    return seeded.row(seeded.newest(status="failed")[0])
+
+
+def django_site(seeded: Seeded, root: Path, procs: ProcessSet, kind: str) -> DjangoSite:
+    """A Django project over the seeded store: its tables in the project's PostgreSQL
+    ``default`` database (``kind="postgresql"``, UTC), or copied to a SQLite file under a second
+    alias with the router (``kind="sqlite"``, Europe/Berlin)."""
+    root.mkdir()
+    settings: dict[str, object] = {"VOLTRO_BEAT_CELERY_APP": APP}
+    if kind == "postgresql":
+        url = sa.make_url(seeded.store_url)
+        databases = {
+            "default": {
+                "ENGINE": "django.db.backends.postgresql",
+                "NAME": url.database,
+                "USER": url.username,
+                "HOST": url.host,
+                "PORT": url.port,
+            }
+        }
+    else:
+        store = copy_to_sqlite(seeded.store_url, root / "store.sqlite3")
+        databases = {
+            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(root / "dj.sqlite3")},
+            "voltro": {"ENGINE": "django.db.backends.sqlite3", "NAME": store},
+        }
+        settings.update(
+            VOLTRO_BEAT_DATABASE="voltro", DATABASE_ROUTERS=[ROUTER], TIME_ZONE="Europe/Berlin"
+        )
+    site = DjangoSite.create(
+        root / "project", procs, databases=databases, settings=settings, env=seeded.env
+    )
+    site.shell(
+        "from django_celery_results.models import TaskResult\n"
+        f"TaskResult.objects.get_or_create(task_id={failed_run(seeded)['task_id']!r},"
+        " defaults=dict(status='FAILURE', task_name='vbt_admin.boom'))"
+    )
+    return site
+
+
+def copy_to_sqlite(store_url: str, path: Path) -> str:
+    """A SQLite store (made by voltro_beat's migrations) holding the rows of ``store_url``;
+    returns the file's path."""
+    target = Database.open(f"sqlite:///{path}")
+    target.upgrade()
+    source = sa.create_engine(store_url, poolclass=sa.NullPool)
+    with source.connect() as read, target.engine.begin() as write:
+        for table in (runs, claims):
+            rows = [dict(r._mapping) for r in read.execute(sa.select(table))]
+            if rows:
+                write.execute(table.insert(), rows)
+    target.dispose()
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def screenshots(workdir: Path) -> Path:
+    """Where the browser tests save their screenshots: ``VBT_SCREENSHOTS`` if set (the docs
+    refresh theirs with ``VBT_SCREENSHOTS=docs/images``), else a temporary directory."""
+    chosen = os.environ.get("VBT_SCREENSHOTS")
+    path = Path(chosen) if chosen else workdir / "screenshots"
+    if not path.is_absolute():
+        path = ROOT / path
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture
+def browser(workdir: Path) -> Iterator[object]:
+    """Headless Chromium from Debian's packages, driven by Selenium through chromedriver."""
+    require_binary("chromium", "chromedriver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or "chromium"
+    profile = tempfile.mkdtemp(prefix="chromium-", dir=workdir)
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1600,1000",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
+    try:
+        yield driver
+    finally:
+        driver.quit()

@@ -1,0 +1,146 @@
+"""The sqladmin views (voltro_beat.contrib.sqladmin) served by ``voltro-beat admin`` (uvicorn)
+over the rows real beat replicas and a real worker wrote (``conftest.seeded``, PostgreSQL)."""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import unquote
+
+import httpx
+import pytest
+from admin_sites import SqladminSite, run_admin_command
+from conftest import APP, Seeded, failed_run
+from pages import COLUMNS, FILTERS, expected_overview, overview
+from vbt_harness import ProcessSet
+
+RUNS = "/admin/run/list"
+#: Rows per page (the views' page_size).
+PAGE = 50
+
+
+@pytest.fixture(scope="module")
+def procs() -> Iterator[ProcessSet]:
+    started = ProcessSet()
+    yield started
+    started.close()
+
+
+@pytest.fixture(scope="module")
+def site(seeded: Seeded, workdir: Path, procs: ProcessSet) -> SqladminSite:
+    root = workdir / "sqladmin"
+    root.mkdir()
+    return SqladminSite.start(
+        root, procs, seeded.store_url, args=("--celery-app", APP), env=seeded.env
+    )
+
+
+@pytest.fixture(scope="module")
+def operator(site: SqladminSite) -> httpx.Client:
+    return site.login()
+
+
+def keys_on(page: httpx.Response) -> list[str]:
+    assert page.status_code == 200, page.status_code
+    links = re.findall(r'href="[^"]*/admin/run/details/([^"]+)"', page.text)
+    return list(dict.fromkeys(unquote(html.unescape(link)) for link in links))
+
+
+def test_unauthenticated_requests_go_to_the_login(site: SqladminSite) -> None:
+    anonymous = site.client()
+    for method, path in (
+        ("GET", RUNS),
+        ("GET", "/admin/schedules"),
+        ("GET", "/admin/claim/list"),
+        ("POST", "/admin/run/create"),
+    ):
+        answer = anonymous.request(method, path)
+        assert answer.status_code == 302, (method, path)
+        assert answer.headers["location"].endswith("/admin/login"), (method, path)
+    wrong = anonymous.post("/admin/login", data={"username": site.user, "password": "guess"})
+    assert wrong.status_code != 302
+    assert anonymous.get(RUNS).status_code == 302
+
+
+def test_runs_list_newest_first(operator: httpx.Client, seeded: Seeded) -> None:
+    page = operator.get(RUNS)
+    assert keys_on(page) == seeded.newest()[:PAGE]
+    assert f"of {len(seeded.rows)} items" in page.text
+    for label in ("key", *COLUMNS):
+        assert f">{label}<" in page.text or f"{label}\n" in page.text, label
+    assert "background:#c62828" in page.text  # a red badge: failed
+
+
+@pytest.mark.parametrize("where", [*FILTERS, {}], ids=str)
+def test_each_filter(operator: httpx.Client, seeded: Seeded, where: dict[str, str]) -> None:
+    expected = seeded.newest(**where)
+    assert expected
+    # {}: the period filter's past week, which holds every row.
+    params = where or {"scheduled": "week"}
+    assert keys_on(operator.get(RUNS, params=params)) == expected[:PAGE]
+
+
+def test_search_by_key_and_by_task_id(operator: httpx.Client, seeded: Seeded) -> None:
+    run = failed_run(seeded)
+    assert keys_on(operator.get(RUNS, params={"search": run["id"]})) == [run["id"]]
+    assert keys_on(operator.get(RUNS, params={"search": run["task_id"]})) == [run["id"]]
+    assert keys_on(operator.get(RUNS, params={"search": "boom-2s"})) == []
+
+
+def test_detail_page(operator: httpx.Client, seeded: Seeded) -> None:
+    run = failed_run(seeded)
+    page = operator.get(f"/admin/run/details/{run['id']}")
+    assert page.status_code == 200
+    for value in (run["id"], run["task_id"], run["task"], run["replica"], run["worker"]):
+        assert html.escape(str(value)) in page.text, value
+    assert "ValueError: boom" in page.text
+
+
+def test_schedules_overview(operator: httpx.Client, seeded: Seeded) -> None:
+    before = datetime.now(UTC)
+    page = operator.get("/admin/schedules")
+    assert page.status_code == 200
+    lines = overview(page.text)
+    assert set(lines) == {r["schedule"] for r in seeded.rows}
+    for name, line in lines.items():
+        assert (line.squares, line.rate) == expected_overview(seeded.rows, name), name
+        upcoming = [t.replace(tzinfo=UTC) for t in line.upcoming]
+        assert len(upcoming) == 3 and upcoming == sorted(upcoming), name
+        assert before - timedelta(seconds=1) < upcoming[0] < before + timedelta(seconds=5), name
+
+
+def test_writes_are_refused(operator: httpx.Client, seeded: Seeded) -> None:
+    key = seeded.newest()[0]
+    refused = [
+        ("GET", "/admin/run/create"),
+        ("POST", "/admin/run/create"),
+        ("GET", f"/admin/run/edit/{key}"),
+        ("POST", f"/admin/run/edit/{key}"),
+        ("DELETE", f"/admin/run/delete?pks={key}"),
+        ("GET", "/admin/claim/create"),
+    ]
+    for method, path in refused:
+        assert operator.request(method, path).status_code == 403, (method, path)
+    assert keys_on(operator.get(RUNS, params={"search": key})) == [key]
+
+
+def test_the_command_refuses_to_start_without_a_login(seeded: Seeded) -> None:
+    bare = run_admin_command(seeded.store_url, "--port", "1")
+    assert bare.returncode != 0
+    assert "VOLTRO_BEAT_ADMIN_PASSWORD" in bare.stderr and "no default password" in bare.stderr
+    half = run_admin_command(
+        seeded.store_url, "--port", "1", env={"VOLTRO_BEAT_ADMIN_USER": "operator"}
+    )
+    assert half.returncode != 0
+    exposed = run_admin_command(seeded.store_url, "--host", "0.0.0.0", "--no-auth", "--port", "1")
+    assert exposed.returncode != 0 and "127.0.0.1" in exposed.stderr
+
+
+def test_no_auth_serves_loopback_only(seeded: Seeded, workdir: Path, procs: ProcessSet) -> None:
+    root = workdir / "sqladmin-no-auth"
+    root.mkdir()
+    open_site = SqladminSite.start(root, procs, seeded.store_url, args=("--no-auth",), user=None)
+    assert keys_on(open_site.client().get(RUNS)) == seeded.newest()[:PAGE]

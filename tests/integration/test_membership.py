@@ -1,0 +1,188 @@
+"""The replica registry at work: rolling deploys, renames, settings, unknown schedules, and
+the database clock (issue 9, holes 4, 6 and 8).
+
+Replicas are schedulers in this process (beat_kit.py) on one SQLite store with a driven
+clock, or on PostgreSQL where the database's own clock matters.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from beat_kit import drain, recover, rows, sec, tick
+
+from voltro_beat.store.database import Database
+from voltro_beat.store.registry import Registry
+
+
+def every_second(**extra: Any) -> dict[str, Any]:
+    return {"task": "proj.work", "schedule": 1.0, **extra}
+
+
+def test_a_changed_definition_fires_on_the_newest_replica_only(
+    replicas: Any, store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = replicas("old", schedule={"s": every_second(args=[1]), "t": every_second()})
+    new = replicas("new", schedule={"s": every_second(args=[2]), "t": every_second()})
+    tick(old, sec(0))
+    tick(new, sec(0.1))  # started later: its definition of s wins
+    with caplog.at_level(logging.WARNING, logger="voltro_beat"):
+        for n in range(1, 6):
+            tick(old, sec(n + 0.2))
+            tick(new, sec(n + 0.3))
+    assert any(
+        "schedule s changed on the newer replica new" in r.getMessage() for r in caplog.records
+    )
+    runs = rows(store_url)
+    assert {runs[f"s@2026-01-01T10:00:0{n}"].replica for n in range(1, 6)} == {"new"}
+    assert {runs[f"t@2026-01-01T10:00:0{n}"].replica for n in range(1, 6)} >= {"old"}
+    sent = drain(old.app)
+    assert all("2" in h["argsrepr"] for h in sent if h["periodic_task_name"] == "s")
+    # The newer replica stops: the older one fires s again, on its own definition.
+    new._store.database.clock = lambda: sec(6)
+    new.close()
+    for n in range(7, 12):
+        tick(old, sec(n + 0.2))
+    assert rows(store_url)["s@2026-01-01T10:00:10"].replica == "old"
+
+
+def test_a_schedule_the_newer_replica_lacks_keeps_firing(replicas: Any, store_url: str) -> None:
+    old = replicas("old", schedule={"s": every_second(), "gone": every_second()})
+    new = replicas("new", schedule={"s": every_second()})
+    tick(old, sec(0))
+    tick(new, sec(0.1))
+    for n in range(1, 4):
+        tick(old, sec(n + 0.2))
+        tick(new, sec(n + 0.3))
+    assert rows(store_url)["gone@2026-01-01T10:00:03"].status == "published"
+
+
+def test_a_rename_in_flight_is_reported(replicas: Any, caplog: pytest.LogCaptureFixture) -> None:
+    old = replicas("old", schedule={"report": every_second()})
+    new = replicas("new", schedule={"daily-report": every_second()})
+    tick(old, sec(0))
+    with caplog.at_level(logging.WARNING, logger="voltro_beat"):
+        tick(new, sec(0.1))
+    said = [r.getMessage() for r in caplog.records]
+    assert any("daily-report (on new) and report (on old) have one definition" in m for m in said)
+
+
+def test_disagreeing_settings_are_reported(replicas: Any, caplog: pytest.LogCaptureFixture) -> None:
+    one = replicas("one")
+    two = replicas("two", voltro_beat_publish_timeout=20)
+    tick(one, sec(0))
+    with caplog.at_level(logging.WARNING, logger="voltro_beat"):
+        tick(two, sec(0.1))
+    said = [r.getMessage() for r in caplog.records]
+    assert any("publish_timeout is 20.0 here and 10.0 on replica one" in m for m in said)
+
+
+def test_a_run_of_a_schedule_nobody_runs_is_recorded_missed_after_its_deadline(
+    replicas: Any, store_url: str
+) -> None:
+    """Issue 9, hole 6: a claimed run of a removed schedule was re-leased forever."""
+    gone = replicas(
+        "gone", broker="redis://127.0.0.1:1/0", schedule={"old": every_second(max_lateness=5)}
+    )
+    tick(gone, sec(0))
+    tick(gone, sec(1))  # claims old@1, cannot publish it (no broker), then is stopped
+    gone.close()
+    up = replicas("up", schedule={"new": every_second()})
+    tick(up, sec(2))
+    recover(up, sec(12))  # lease over, deadline (6 s) passed
+    run = rows(store_url)["old@2026-01-01T10:00:01"]
+    assert (run.status, run.reason) == ("missed", "unknown_schedule")
+
+
+def test_the_registry_lists_the_live_replicas(replicas: Any, store_url: str) -> None:
+    one, two = replicas("one"), replicas("two")
+    tick(one, sec(0))
+    tick(two, sec(0.1))
+    registry = Registry(Database.open(store_url))
+    assert [r.name for r in registry.everyone()] == ["two", "one"]
+    two.close()
+    assert [r.name for r in registry.everyone()] == ["one"]
+
+
+# -- on PostgreSQL: the database's clock --------------------------------------------------------
+
+
+@pytest.fixture
+def pg_replicas(postgres_url: str, replicas: Any) -> Any:
+    made: list[Any] = []
+
+    def make(name: str, **conf: Any) -> Any:
+        made.append(replicas(name, voltro_beat_store_url=postgres_url, **conf))
+        return made[-1]
+
+    yield make
+    for scheduler in made:
+        scheduler.close()
+    engine = sa.create_engine(postgres_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "DROP TABLE IF EXISTS _voltro_schedule_runs, _voltro_schedule_claims,"
+            " _voltro_beat_replicas, _voltro_beat_alembic_version"
+        )
+    engine.dispose()
+
+
+def fast_by(seconds: float) -> Any:
+    return lambda: datetime.now(UTC) + timedelta(seconds=seconds)
+
+
+def test_a_fast_replica_decides_on_the_database_clock(
+    pg_replicas: Any, postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 9, hole 4: a replica 30 s fast booted with history; its catch-up must not record
+    occurrences that have not happened yet, and it must say that its clock is off."""
+    first = pg_replicas("first", beat_schedule={"s": every_second()})
+    first._tick()  # boots: s has history from now on
+    first.close()
+    fast = pg_replicas("fast", beat_schedule={"s": every_second()})
+    fast._clock.local = fast_by(30)
+    with caplog.at_level(logging.WARNING, logger="voltro_beat"):
+        fast._tick()
+    offsets = [
+        float(found.group(1))
+        for r in caplog.records
+        if (found := re.search(r"clock is ([+-][0-9.]+) s from the database", r.getMessage()))
+    ]
+    assert len(offsets) == 1 and abs(offsets[0] - 30) < 1, offsets
+    offset = fast._clock.offset
+    assert offset is not None and abs(offset.total_seconds() - 30) < 1
+    assert abs(fast._clock.now() - datetime.now(UTC)) < timedelta(seconds=1)
+    later = datetime.now(UTC) + timedelta(seconds=2)
+    premature = [k for k, r in rows(postgres_url).items() if r.scheduled_at > later]
+    assert premature == []
+    (me,) = [r for r in Registry(Database.open(postgres_url)).everyone() if r.name == "fast"]
+    assert me.clock_offset is not None and abs(me.clock_offset - 30) < 1
+
+
+def test_a_replica_adopts_the_clock_of_the_oldest_live_replica(
+    pg_replicas: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = pg_replicas("first")
+    first._tick()
+    later = pg_replicas("later", voltro_beat_clock="local")
+    with caplog.at_level(logging.WARNING, logger="voltro_beat"):
+        later._tick()
+    assert later._clock.mode == "database"
+    assert any("adopting 'database'" in r.getMessage() for r in caplog.records)
+
+
+def test_voltro_beat_replicas_lists_the_registry(replicas: Any, store_url: str) -> None:
+    from click.testing import CliRunner
+
+    from voltro_beat.cli import main
+
+    one = replicas("one")
+    one._tick()  # the real clock: "live" is judged against it
+    result = CliRunner().invoke(main, ["replicas", "--store", store_url])
+    assert result.exit_code == 0, result.output
+    assert "one" in result.output and "yes" in result.output and "local" in result.output

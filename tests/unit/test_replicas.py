@@ -1,0 +1,71 @@
+"""What a replica concludes from the registry: stand-downs, renames, disagreements."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from voltro_beat.replicas import (
+    Replica,
+    definition_hash,
+    digest,
+    disagreements,
+    renames,
+    stand_down,
+)
+from voltro_beat.schedules import parse_entries
+
+
+def entry(**raw: object):  # type: ignore[no-untyped-def]
+    (parsed,) = parse_entries(
+        {"e": {"task": "t", "schedule": 60.0, **raw}}, tz=None, max_lateness=timedelta(days=1)
+    )
+    return parsed
+
+
+def test_a_definition_hash_is_stable_and_sees_every_field() -> None:
+    assert definition_hash(entry()) == definition_hash(entry())
+    base = definition_hash(entry())
+    for change in (
+        {"schedule": 30.0},
+        {"args": [1]},
+        {"kwargs": {"a": 1}},
+        {"options": {"queue": "q"}},
+        {"max_lateness": 5},
+        {"catch_up": "skip"},
+        {"on_overlap": "skip"},
+        {"task": "other"},
+    ):
+        assert definition_hash(entry(**change)) != base, change
+
+
+def test_the_newest_replica_with_a_changed_definition_fires_it() -> None:
+    mine = {"a": "1", "b": "2", "c": "3"}
+    newer = [("new", {"a": "1", "b": "9"}), ("mid", {"c": "8", "b": "2"})]
+    # a: same definition on the newest; b: changed on the newest (which wins over mid);
+    # c: the newest does not have it, the next newer one changed it.
+    assert stand_down("me", mine, newer) == {"b": "new", "c": "mid"}
+
+
+def test_a_schedule_no_newer_replica_has_keeps_firing() -> None:
+    assert stand_down("me", {"a": "1"}, [("new", {})]) == {}
+
+
+def test_a_rename_in_flight_is_found() -> None:
+    maps = {"old": {"report": "h1", "x": "h2"}, "new": {"daily-report": "h1", "x": "h2"}}
+    assert renames(maps) == [("daily-report", "new", "report", "old")]
+
+
+def test_two_names_on_both_replicas_are_not_a_rename() -> None:
+    maps = {"a": {"p": "h", "q": "h"}, "b": {"p": "h", "q": "h"}}
+    assert renames(maps) == []
+
+
+def test_disagreeing_settings_are_listed() -> None:
+    other = Replica("r2", "h", 1, "0.2", None, None, None, {"publish_timeout": 20.0})
+    mine = {"publish_timeout": 10.0, "clock": "database"}
+    assert disagreements(mine, [other]) == [("publish_timeout", 10.0, "r2", 20.0)]
+
+
+def test_the_digest_is_of_the_whole_map() -> None:
+    assert digest({"a": "1", "b": "2"}) == digest({"b": "2", "a": "1"})
+    assert digest({"a": "1"}) != digest({"a": "2"})

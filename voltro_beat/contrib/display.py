@@ -1,0 +1,85 @@
+"""How both admins show a run: status colours, lags and durations, the capped row count."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from voltro_beat.coordination import Coordination
+from voltro_beat.status import UNFINISHED, Status
+
+#: A list page counts at most this many rows: counting a table of millions on every page load
+#: would read all of it. Past the cap the page says "10,000+" and offers the pages up to it.
+COUNT_CAP = 10_000
+
+#: Every value of ``coordination_outcome`` (the outcome filter's choices).
+OUTCOMES = tuple(mode.outcome for mode in Coordination)
+
+_GREEN, _RED, _AMBER, _GREY, _BLUE = "#2e7d32", "#c62828", "#e65100", "#757575", "#1565c0"
+
+#: The colour of each status: green succeeded, red failed (or revoked, rejected), amber missed,
+#: grey skipped, blue not finished yet (claimed, published, running, retrying, queued).
+COLOURS: Mapping[Status, str] = {
+    **dict.fromkeys(UNFINISHED, _BLUE),
+    Status.SUCCEEDED: _GREEN,
+    Status.FAILED: _RED,
+    Status.REVOKED: _RED,
+    Status.REJECTED: _RED,
+    Status.MISSED: _AMBER,
+    Status.SKIPPED: _GREY,
+}
+
+#: The legend of those colours, in the order the overview shows it.
+LEGEND = (
+    ("succeeded", _GREEN),
+    ("failed", _RED),
+    ("missed", _AMBER),
+    ("skipped", _GREY),
+    ("running", _BLUE),
+)
+
+
+def colour(status: str) -> str:
+    """The colour of ``status`` (grey for a value this version does not know)."""
+    try:
+        return COLOURS[Status(status)]
+    except ValueError:
+        return _GREY
+
+
+class AtLeast(int):
+    """A row count that reached :data:`COUNT_CAP`: compares as the number counted, shows as
+    "10,000+" wherever a template prints it (the admins print counts in several places)."""
+
+    def __str__(self) -> str:
+        return f"{COUNT_CAP:,}+"
+
+
+def capped(counted: int) -> int:
+    """``counted`` (of a query limited to ``COUNT_CAP + 1`` rows) as the count a page shows."""
+    return AtLeast(counted) if counted > COUNT_CAP else counted
+
+
+def lag(scheduled_at: datetime, at: datetime | None) -> float | None:
+    """Seconds from ``scheduled_at`` to ``at`` (the publish lag when ``at`` is published_at)."""
+    return None if at is None else (at - scheduled_at).total_seconds()
+
+
+def instant_text(at: datetime | None) -> str:
+    """``at`` to the millisecond (runs a second apart must read apart); ``-`` for none."""
+    return "-" if at is None else f"{at:%Y-%m-%d %H:%M:%S.%f}"[:-3]
+
+
+def seconds_text(seconds: float | None) -> str:
+    """``0.0123`` as ``12 ms``, ``4.5`` as ``4.50 s``, ``125`` as ``2 min 5 s``; ``-`` for none."""
+    if seconds is None:
+        return "-"
+    if abs(seconds) < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if abs(seconds) < 60:
+        return f"{seconds:.2f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"

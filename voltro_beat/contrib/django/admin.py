@@ -1,0 +1,261 @@
+"""Read-only admin pages: runs, claims, and the schedules overview.
+
+Nobody may add, change or delete a row, superusers included (the tables are beat's and the
+workers'); staff users see the pages with the ``voltro_beat.view_run`` / ``view_claim``
+permission. Every list is served by an index on a table of millions of rows: newest first,
+the status, outcome, schedule and date filters, exact search by key or task id, a row count
+capped at ``COUNT_CAP`` and a date hierarchy that probes instead of scanning.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.apps import apps
+from django.conf import settings
+from django.contrib import admin
+from django.contrib.admin.utils import quote
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db import connections, router
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from voltro_beat.contrib import overview
+from voltro_beat.contrib.display import (
+    COUNT_CAP,
+    LEGEND,
+    capped,
+    colour,
+    instant_text,
+    lag,
+    seconds_text,
+)
+from voltro_beat.contrib.django.models import Claim, Run, Schedule
+from voltro_beat.store.reads import SCHEDULE_NAMES_SQL
+
+
+class CappedPaginator(Paginator):
+    """Counts at most ``COUNT_CAP + 1`` rows (a LIMIT inside the COUNT), so a page of a
+    million-row table reads a bounded range of an index instead of the whole table."""
+
+    @cached_property
+    def count(self) -> int:
+        return capped(self.object_list[: COUNT_CAP + 1].count())
+
+
+def _instant(field: str, label: str) -> Any:
+    """A column showing ``field`` to the millisecond in the current time zone (Django's
+    default format stops at the minute, and runs are often seconds apart)."""
+
+    @admin.display(description=label, ordering=field)
+    def show(_admin: Any, row: Any) -> str:
+        at = getattr(row, field)
+        return instant_text(timezone.localtime(at) if at and timezone.is_aware(at) else at)
+
+    return show
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """No add, change or delete for anyone; counts capped; no facet counts."""
+
+    actions = None
+    paginator = CappedPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    # Only the order an index serves; sorting a million rows by another column would not be.
+    sortable_by = ("scheduled",)
+    date_hierarchy = "scheduled_at"
+
+    scheduled = _instant("scheduled_at", "scheduled at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def _schedule_names() -> list[str]:
+    """The schedules that have runs (a loose index scan, not a DISTINCT over every row)."""
+    with connections[router.db_for_read(Run)].cursor() as cursor:
+        cursor.execute(SCHEDULE_NAMES_SQL)
+        return [name for (name,) in cursor.fetchall()]
+
+
+class ScheduleFilter(admin.SimpleListFilter):
+    title = "schedule"
+    parameter_name = "schedule"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in _schedule_names()]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        value = self.value()
+        return queryset if value is None else queryset.filter(schedule=value)
+
+
+def _badge(status: str) -> SafeString:
+    return format_html(
+        '<span style="background:{};color:#fff;border-radius:4px;padding:1px 7px;'
+        'white-space:nowrap">{}</span>',
+        colour(status),
+        status,
+    )
+
+
+@admin.register(Run)
+class RunAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "schedule",
+        "scheduled",
+        "status_badge",
+        "reason",
+        "coordination_outcome",
+        "replica",
+        "worker",
+        "publish_lag",
+        "duration_text",
+        "retries",
+    )
+    list_filter = (
+        "status",
+        "coordination_outcome",
+        ScheduleFilter,
+        ("scheduled_at", admin.DateFieldListFilter),
+    )
+    # Exact matches: the primary key and ix_voltro_runs_task_id serve them.
+    search_fields = ("id__exact", "task_id__exact")
+    search_help_text = "A whole occurrence key (name@2026-12-03T09:00:00) or task id."
+    readonly_fields = (
+        "status_badge",
+        "publish_lag",
+        "duration_text",
+        "task_result",
+        "error_text",
+        "scheduled",
+        "claimed",
+        "published",
+        "started",
+        "finished",
+    )
+    claimed = _instant("claimed_at", "claimed at")
+    published = _instant("published_at", "published at")
+    started = _instant("started_at", "started at")
+    finished = _instant("finished_at", "finished at")
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, run: Run) -> SafeString:
+        return _badge(run.status)
+
+    @admin.display(description="publish lag")
+    def publish_lag(self, run: Run) -> str:
+        return seconds_text(lag(run.scheduled_at, run.published_at))
+
+    @admin.display(description="duration")
+    def duration_text(self, run: Run) -> str:
+        return seconds_text(run.duration)
+
+    @admin.display(description="error")
+    def error_text(self, run: Run) -> SafeString | str:
+        return format_html("<pre style='margin:0'>{}</pre>", run.error) if run.error else "-"
+
+    @admin.display(description="task result")
+    def task_result(self, run: Run) -> SafeString | str:
+        """The django-celery-results row of the same task id, if the worker stored one."""
+        from django_celery_results.models import TaskResult
+
+        result = TaskResult.objects.filter(task_id=run.task_id).only("pk", "status").first()
+        if result is None:
+            return "none stored"
+        url = reverse("admin:django_celery_results_taskresult_change", args=[quote(result.pk)])
+        return format_html('<a href="{}">{}</a>', url, result.status)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        occurrence = ["id", "schedule", "task", "task_id", "status_badge", "reason", "retries"]
+        if apps.is_installed("django_celery_results"):
+            occurrence.insert(4, "task_result")
+        return (
+            (None, {"fields": occurrence}),
+            (
+                "Coordination",
+                {
+                    "fields": (
+                        "coordination_outcome",
+                        "replica",
+                        "scheduled",
+                        "claimed",
+                        "published",
+                        "publish_lag",
+                    )
+                },
+            ),
+            ("Execution", {"fields": ("worker", "started", "finished", "duration_text")}),
+            ("Error", {"fields": ("error_text",)}),
+        )
+
+
+@admin.register(Claim)
+class ClaimAdmin(ReadOnlyAdmin):
+    list_display = ("id", "schedule", "scheduled", "claimed", "replica")
+    claimed = _instant("claimed_at", "claimed at")
+    # The claims table is small (pruned within a day): plain DISTINCT filters are cheap there.
+    list_filter = ("schedule", "replica", ("scheduled_at", admin.DateFieldListFilter))
+    search_fields = ("id__exact",)
+    search_help_text = "A whole occurrence key."
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(ReadOnlyAdmin):
+    """The overview: no list of rows, one line per schedule."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.has_perm("voltro_beat.view_run"))
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def get_urls(self) -> list[URLPattern]:
+        info = self.opts.app_label, self.opts.model_name
+        view = self.admin_site.admin_view(self.changelist_view)
+        return [path("", view, name="{}_{}_changelist".format(*info))]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        now = datetime.now(UTC)
+        upcoming = overview.upcoming(getattr(settings, "VOLTRO_BEAT_CELERY_APP", None), now=now)
+        names = sorted(set(_schedule_names()) | set(upcoming.by_schedule))
+        page = overview.page(names, request.GET.get("page"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Schedules",
+            "opts": self.opts,
+            "lines": overview.lines(page.names, _recent, upcoming.by_schedule),
+            "page": page,
+            "problem": upcoming.problem,
+            "legend": LEGEND,
+            "recent": overview.RECENT,
+            "runs_url": reverse("admin:voltro_beat_run_changelist"),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/voltro_beat/overview.html", context)
+
+
+def _recent(schedule: str) -> list[overview.Recent]:
+    rows = Run.objects.filter(schedule=schedule).values_list(
+        "id", "status", "scheduled_at", "published_at"
+    )[: overview.RECENT]
+    return [overview.Recent(*row) for row in rows]

@@ -1,0 +1,165 @@
+"""The schedules overview: one line per schedule, its recent runs, and what comes next.
+
+Each admin reads the rows its own way (Django's ORM, SQLAlchemy); this module turns them
+into lines, and computes the next occurrences of the app's ``beat_schedule`` the way beat
+does (the app's timezone, voltro_beat's settings, :func:`voltro_beat.occurrences.next_after`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from voltro_beat.config import Settings
+from voltro_beat.contrib.display import colour, lag, seconds_text
+from voltro_beat.exceptions import VoltroBeatError
+from voltro_beat.occurrences import next_after
+from voltro_beat.schedules import parse_entries
+from voltro_beat.status import TERMINAL, Status
+
+#: How many of each schedule's newest runs a line shows.
+RECENT = 50
+#: How many next occurrences a line shows.
+UPCOMING = 3
+#: Schedules per page (each one costs a query of its newest runs).
+PAGE_SIZE = 50
+
+
+class Recent(NamedTuple):
+    """The columns of a run the overview reads, newest first."""
+
+    key: str
+    status: str
+    scheduled_at: datetime
+    published_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Square:
+    key: str
+    status: str
+    colour: str
+
+
+@dataclass(frozen=True)
+class Line:
+    """One schedule in the overview."""
+
+    schedule: str
+    #: Its newest runs, oldest first (read left to right).
+    squares: tuple[Square, ...]
+    #: Succeeded among the finished ones of those runs (None: none finished).
+    success_rate: float | None
+    last_run: Recent | None
+    #: Median publish lag of those runs, in seconds (None: none published).
+    median_lag: float | None
+    #: Its next occurrences (UTC), when the overview knows the app.
+    upcoming: tuple[datetime, ...]
+
+    @property
+    def success_text(self) -> str:
+        return "-" if self.success_rate is None else f"{self.success_rate:.0%}"
+
+    @property
+    def median_lag_text(self) -> str:
+        return seconds_text(self.median_lag)
+
+
+def line(schedule: str, recent: Sequence[Recent], upcoming: Sequence[datetime] = ()) -> Line:
+    """The line of ``schedule`` from its newest runs (``recent``, newest first)."""
+    finished = [r for r in recent if r.status in TERMINAL]
+    lags = [x for r in recent if (x := lag(r.scheduled_at, r.published_at)) is not None]
+    return Line(
+        schedule=schedule,
+        squares=tuple(Square(r.key, r.status, colour(r.status)) for r in reversed(recent)),
+        success_rate=(
+            sum(r.status == Status.SUCCEEDED for r in finished) / len(finished)
+            if finished
+            else None
+        ),
+        last_run=recent[0] if recent else None,
+        median_lag=statistics.median(lags) if lags else None,
+        upcoming=tuple(upcoming),
+    )
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of the schedules, by name."""
+
+    names: Sequence[str]
+    number: int
+    pages: int
+    total: int
+
+
+def page(names: Sequence[str], requested: str | None) -> Page:
+    """Page ``requested`` (1-based; anything else is page 1, past the end the last) of
+    ``names``, :data:`PAGE_SIZE` a page."""
+    pages = max(1, -(-len(names) // PAGE_SIZE))
+    try:
+        number = min(max(int(requested or 1), 1), pages)
+    except ValueError:
+        number = 1
+    start = (number - 1) * PAGE_SIZE
+    return Page(names[start : start + PAGE_SIZE], number, pages, len(names))
+
+
+def lines(
+    schedules: Iterable[str],
+    recent_of: Callable[[str], Sequence[Recent]],
+    upcoming: Mapping[str, Sequence[datetime]],
+) -> list[Line]:
+    """A line for each of ``schedules`` (``recent_of(name)`` reads its newest runs)."""
+    return [line(name, recent_of(name), upcoming.get(name, ())) for name in schedules]
+
+
+@dataclass(frozen=True)
+class Upcoming:
+    """The next occurrences of each entry of the app's ``beat_schedule``, or why not."""
+
+    by_schedule: Mapping[str, tuple[datetime, ...]]
+    problem: str | None = None
+
+
+def upcoming(app_path: str | None, *, now: datetime, count: int = UPCOMING) -> Upcoming:
+    """The next ``count`` occurrences after ``now`` of each entry of the Celery app at
+    ``app_path`` (``"proj.celery:app"``); nothing when ``app_path`` is None.
+
+    A path that does not import or a configuration beat would refuse is reported in
+    ``problem``, not raised: the rest of the page still renders.
+    """
+    if not app_path:
+        return Upcoming({})
+    try:
+        app = _load(app_path)
+        settings = Settings.from_config(app.conf)
+        entries = parse_entries(
+            app.conf.beat_schedule or {},
+            tz=settings.timezone,
+            max_lateness=settings.max_lateness,
+        )
+    except (ImportError, AttributeError, ValueError, VoltroBeatError) as exc:
+        return Upcoming({}, problem=f"cannot read the schedule of {app_path!r}: {exc}")
+    found: dict[str, tuple[datetime, ...]] = {}
+    for entry in entries:
+        instants: list[datetime] = []
+        instant: datetime | None = now
+        while len(instants) < count and instant is not None:
+            instant = next_after(entry.spec, instant)
+            if instant is not None:
+                instants.append(instant)
+        found[entry.name] = tuple(instants)
+    return Upcoming(found)
+
+
+def _load(app_path: str) -> Any:
+    module, _, attribute = app_path.partition(":")
+    target: Any = importlib.import_module(module)
+    for name in (attribute or "app").split("."):
+        target = getattr(target, name)
+    return target

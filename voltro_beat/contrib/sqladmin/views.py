@@ -1,0 +1,258 @@
+"""Read-only sqladmin views: runs, claims, and the schedules overview.
+
+The same columns, filters and rules as the Django admin (:mod:`voltro_beat.contrib.django`):
+newest first, filters by status, outcome, schedule and period, exact search by key or task
+id, a row count capped at ``COUNT_CAP``, no create, edit, delete or export for anyone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any, ClassVar
+
+import anyio
+import sqlalchemy as sa
+from jinja2 import ChoiceLoader, PackageLoader
+from markupsafe import Markup
+from sqladmin import Admin, BaseView, ModelView, expose
+from sqladmin.filters import AllUniqueStringValuesFilter, StaticValuesFilter
+from sqladmin.formatters import BASE_FORMATTERS
+from starlette.requests import Request
+from starlette.responses import Response
+
+from voltro_beat.contrib import overview
+from voltro_beat.contrib.display import (
+    COUNT_CAP,
+    LEGEND,
+    OUTCOMES,
+    capped,
+    colour,
+    instant_text,
+    seconds_text,
+)
+from voltro_beat.contrib.sqladmin.models import Claim, Run
+from voltro_beat.status import Status
+from voltro_beat.store.reads import SCHEDULE_NAMES_SQL
+
+#: sqladmin's "no filter" value.
+ALL = "__all"
+
+
+def _badge(run: Any, _attribute: Any) -> Markup:
+    return Markup('<span class="badge text-white" style="background:{}">{}</span>').format(
+        colour(run.status), run.status
+    )
+
+
+def _seconds(run: Any, attribute: Any) -> str:
+    return seconds_text(getattr(run, str(attribute)))
+
+
+def _error(run: Any, _attribute: Any) -> Markup | str:
+    return Markup("<pre>{}</pre>").format(run.error) if run.error else "-"
+
+
+class _ScheduleFilter(AllUniqueStringValuesFilter):
+    """Lists the schedule names by a loose index scan, not a DISTINCT over every row."""
+
+    def __init__(self) -> None:
+        super().__init__("schedule", title="Schedule")
+
+    async def lookups(
+        self, request: Request, model: Any, run_query: Callable[[Any], Any]
+    ) -> list[tuple[str, str]]:
+        rows = await run_query(sa.text(SCHEDULE_NAMES_SQL))
+        return [(ALL, "All"), *((name, name) for (name,) in rows)]
+
+
+class _PeriodFilter(StaticValuesFilter):
+    """Rows scheduled within the past hour, day or week (``ix_voltro_runs_newest``)."""
+
+    periods = {"hour": timedelta(hours=1), "day": timedelta(days=1), "week": timedelta(days=7)}
+
+    def __init__(self) -> None:
+        values = [(name, f"Past {name}") for name in self.periods]
+        super().__init__("scheduled_at", values, title="Scheduled", parameter_name="scheduled")
+
+    async def get_filtered_query(
+        self, query: sa.Select[Any], value: Any, model: Any
+    ) -> sa.Select[Any]:
+        if value not in self.periods:
+            return query
+        return query.where(model.scheduled_at >= datetime.now(UTC) - self.periods[value])
+
+
+class _ReadOnly(ModelView):
+    """No create, edit, delete or export; newest first; exact search; counts capped."""
+
+    can_create = False
+    can_edit = False
+    can_delete = False
+    can_export = False
+    page_size = 50
+    page_size_options = [50, 100]
+    # Only the order an index serves.
+    column_sortable_list = ["scheduled_at"]
+    column_default_sort = [("scheduled_at", True), ("id", True)]
+    column_type_formatters = {**BASE_FORMATTERS, datetime: instant_text}
+    column_type_formatters_detail = column_type_formatters
+
+    def search_query(self, stmt: sa.Select[Any], term: str) -> sa.Select[Any]:
+        """Exact matches (the indexes serve them), not sqladmin's ILIKE '%term%' scan."""
+        columns = [getattr(self.model, str(name)) for name in self.column_searchable_list]
+        return stmt.where(sa.or_(*(column == term.strip() for column in columns)))
+
+    async def count(self, request: Request, stmt: sa.Select[Any] | None = None) -> int:
+        """sqladmin counts ``SELECT count(*) FROM (the page's query)``: count at most
+        ``COUNT_CAP + 1`` rows of that query instead."""
+        if stmt is None:
+            return await super().count(request)
+        (page_query,) = stmt.get_final_froms()
+        inner = page_query.element.limit(COUNT_CAP + 1).subquery()  # type: ignore[attr-defined]
+        counted = await super().count(request, sa.select(sa.func.count()).select_from(inner))
+        return capped(counted)
+
+
+class RunAdmin(_ReadOnly, model=Run):
+    name = "Run"
+    name_plural = "Runs"
+    icon = "fa-solid fa-list"
+    column_list = [
+        "id",
+        "schedule",
+        "scheduled_at",
+        "status",
+        "reason",
+        "coordination_outcome",
+        "replica",
+        "worker",
+        "publish_lag",
+        "duration",
+        "retries",
+    ]
+    column_details_list = [
+        "id",
+        "schedule",
+        "task",
+        "task_id",
+        "status",
+        "reason",
+        "retries",
+        "coordination_outcome",
+        "replica",
+        "scheduled_at",
+        "claimed_at",
+        "published_at",
+        "publish_lag",
+        "worker",
+        "started_at",
+        "finished_at",
+        "duration",
+        "error",
+    ]
+    column_labels = {
+        "id": "key",
+        "coordination_outcome": "outcome",
+        "publish_lag": "publish lag",
+        "task_id": "task id",
+        **{
+            f"{at}_at": f"{at} at"
+            for at in ("scheduled", "claimed", "published", "started", "finished")
+        },
+    }
+    column_formatters = {"status": _badge, "publish_lag": _seconds, "duration": _seconds}
+    column_formatters_detail = {**column_formatters, "error": _error}
+    column_searchable_list = ["id", "task_id"]
+    column_filters = [
+        StaticValuesFilter("status", [(s.value, s.value) for s in Status], title="Status"),
+        StaticValuesFilter("coordination_outcome", [(o, o) for o in OUTCOMES], title="Outcome"),
+        _ScheduleFilter(),
+        _PeriodFilter(),
+    ]
+
+
+class ClaimAdmin(_ReadOnly, model=Claim):
+    name = "Claim"
+    name_plural = "Claims"
+    icon = "fa-solid fa-flag"
+    column_list = ["id", "schedule", "scheduled_at", "claimed_at", "replica"]
+    column_labels = {"id": "key", "scheduled_at": "scheduled at", "claimed_at": "claimed at"}
+    column_searchable_list = ["id"]
+    column_filters = [_PeriodFilter()]
+
+
+class SchedulesView(BaseView):
+    """One line per schedule: its newest runs as coloured squares, success rate, last run,
+    median publish lag and, given the Celery app, its next occurrences."""
+
+    name = "Schedules"
+    identity = "schedules"
+    icon = "fa-solid fa-calendar"
+    # Set by add_views, as sqladmin sets a ModelView's.
+    session_maker: ClassVar[Any] = None
+    is_async: ClassVar[bool] = False
+    celery_app: ClassVar[str | None] = None
+
+    @expose("/schedules", methods=["GET"], identity="schedules")
+    async def schedules(self, request: Request) -> Response:
+        upcoming = overview.upcoming(self.celery_app, now=datetime.now(UTC))
+        requested = request.query_params.get("page")
+        page, lines = await self._run(lambda session: _lines(session, upcoming, requested))
+        context = {
+            "lines": lines,
+            "page": page,
+            "problem": upcoming.problem,
+            "legend": LEGEND,
+            "recent": overview.RECENT,
+        }
+        return await self.templates.TemplateResponse(request, "voltro_beat/overview.html", context)
+
+    async def _run(self, work: Callable[[Any], Any]) -> Any:
+        if self.is_async:
+            async with self.session_maker() as session:
+                return await session.run_sync(work)
+
+        def run() -> Any:
+            with self.session_maker() as session:
+                return work(session)
+
+        return await anyio.to_thread.run_sync(run)
+
+
+def _lines(
+    session: Any, upcoming: overview.Upcoming, requested: str | None
+) -> tuple[overview.Page, list[overview.Line]]:
+    names = session.execute(sa.text(SCHEDULE_NAMES_SQL)).scalars().all()
+    page = overview.page(sorted({*names, *upcoming.by_schedule}), requested)
+    recent_of = partial(_recent, session)
+    return page, overview.lines(page.names, recent_of, upcoming.by_schedule)
+
+
+def _recent(session: Any, schedule: str) -> list[overview.Recent]:
+    table = Run.__table__
+    rows = session.execute(
+        sa.select(table.c.id, table.c.status, table.c.scheduled_at, table.c.published_at)
+        .where(table.c.schedule == schedule)
+        .order_by(table.c.scheduled_at.desc(), table.c.id.desc())
+        .limit(overview.RECENT)
+    )
+    return [overview.Recent(*row) for row in rows]
+
+
+def add_views(admin: Admin, *, celery_app: str | None = None) -> None:
+    """Add the runs, claims and schedules views to ``admin``.
+
+    ``celery_app`` (``"proj.celery:app"``) lets the schedules view show each entry's next
+    occurrences from the app's ``beat_schedule``.
+    """
+    loader = admin.templates.env.loader
+    if not isinstance(loader, ChoiceLoader):
+        raise TypeError(f"sqladmin's template loader changed: {loader!r}")
+    loader.loaders = [*loader.loaders, PackageLoader("voltro_beat.contrib.sqladmin", "templates")]
+    SchedulesView.session_maker = admin.session_maker
+    SchedulesView.is_async = admin.is_async
+    SchedulesView.celery_app = celery_app
+    for view in (RunAdmin, ClaimAdmin, SchedulesView):
+        admin.add_view(view)

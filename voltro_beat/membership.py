@@ -1,0 +1,227 @@
+"""A replica's membership of the registry: its row, its heartbeat, and what it learns.
+
+Each heartbeat is also a reading of the database's clock (guarantee 9). From the live
+replicas' rows the replica learns which schedules it leaves to a more recently started replica
+(a changed definition in a rolling deploy), which schedules some live replica runs (for
+recovery), and where the replicas disagree (logged; see :mod:`voltro_beat.replicas`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from voltro_beat import replicas
+from voltro_beat.clock import Clock, ClockMode
+from voltro_beat.config import Settings
+from voltro_beat.exceptions import StoreError
+from voltro_beat.replicas import Replica
+from voltro_beat.schedules import Entry
+from voltro_beat.store.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+#: Registry rows not seen for this long are deleted by the retention sweep.
+FORGET_AFTER = timedelta(days=1)
+#: How often a replica heartbeats (at most; a quarter of the publish timeout if shorter): how
+#: soon the others see it start, stop or change a schedule's definition.
+HEARTBEAT = timedelta(seconds=1)
+
+
+class Membership:
+    """This replica's row in the registry, and its view of the others."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        clock: Clock,
+        settings: Settings,
+        entries: Mapping[str, Entry],
+        version: str,
+    ) -> None:
+        self.registry = registry
+        self.clock = clock
+        self.settings = settings
+        self.schedules = {name: replicas.definition_hash(e) for name, e in entries.items()}
+        self.version = version
+        #: Between heartbeats; a replica not seen for :attr:`liveness` is gone.
+        self.interval = min(settings.publish_timeout / 4, HEARTBEAT)
+        self.liveness = settings.publish_timeout
+        #: Schedule -> the more recently started replica that fires it instead of this one.
+        self.yielded: dict[str, str] = {}
+        #: Schedules some live replica (this one included) runs.
+        self.known: set[str] = set(self.schedules)
+        self.live: list[Replica] = []
+        self._maps: dict[str, tuple[str, dict[str, str]]] = {}
+        self._said: set[tuple[Any, ...]] = set()
+        self._far = False
+
+    def join(self) -> None:
+        """Take a first clock reading, register (replacing an earlier row of this name) and
+        look at the others."""
+        self._read_clock()
+        if not self.clock.synced:
+            # Deciding on the local clock meanwhile is what guarantee 9 rules out: fail
+            # closed, and the next tick reads the clock again.
+            raise StoreError(
+                f"store {self.registry.database.display_url}: no usable reading of the "
+                "database's clock yet (round trip too slow)"
+            )
+        self.registry.register(self._me(), self.schedules)
+        self.beat()
+        self._adopt_clock()
+
+    def leave(self) -> None:
+        """Drop this replica's row, so that the others stop deferring to it at once."""
+        self.registry.forget_one(self.settings.replica)
+
+    def beat(self) -> bool:
+        """Heartbeat: refresh ``last_seen``, read the clock, and look at the live replicas.
+
+        Returns whether the schedules this replica yields changed.
+        """
+        offset = None if self.clock.offset is None else self.clock.offset.total_seconds()
+        answer = self.registry.heartbeat(self.settings.replica, offset, self.liveness)
+        if answer is None:  # swept while this replica was away
+            self.registry.register(self._me(), self.schedules)
+            return False
+        reading, live = answer
+        self._observe(reading)
+        before = self.yielded
+        changed = _who(live) != _who(self.live)
+        self.live = live
+        if changed:  # what follows reads every schedule of every replica: only when needed
+            self._learn()
+        return self.yielded.keys() != before.keys()
+
+    def _read_clock(self) -> None:
+        self._observe(self.registry.database.read_clock())
+
+    def _observe(self, reading: tuple[datetime, float, float]) -> None:
+        if self.clock.observe(*reading):
+            self._check_offset()
+
+    def _me(self) -> Replica:
+        offset = self.clock.offset
+        return Replica(
+            name=self.settings.replica,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=self.version,
+            started_at=None,
+            last_seen=None,
+            clock_offset=None if offset is None else offset.total_seconds(),
+            settings=self._settings(),
+            schedules_digest=replicas.digest(self.schedules),
+        )
+
+    def _settings(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "clock": str(self.clock.mode),
+            "coordination": str(s.coordination),
+            "publish_timeout": s.publish_timeout.total_seconds(),
+            "max_lateness": s.max_lateness.total_seconds(),
+        }
+
+    def _adopt_clock(self) -> None:
+        """Run on the clock of the oldest live replica: mixing clocks would break guarantee
+        9 (a replica on a skewed local clock claims early). Changing the clock therefore
+        takes stopping every replica."""
+        others = [r for r in self.live if r.name != self.settings.replica]
+        if not others:
+            return
+        theirs = others[0].settings.get("clock")
+        if theirs in {m.value for m in ClockMode} and theirs != self.clock.mode:
+            logger.warning(
+                "voltro_beat: voltro_beat_clock is %r here but %r on the oldest live replica "
+                "%s: adopting %r (stop every replica to change it)",
+                self.clock.mode.value,
+                theirs,
+                others[0].name,
+                theirs,
+            )
+            self.clock.mode = ClockMode(theirs)
+            self.registry.register(self._me(), self.schedules)
+
+    def _check_offset(self) -> None:
+        offset = self.clock.offset
+        far = offset is not None and abs(offset) > self.settings.max_clock_offset
+        if far and not self._far:
+            logger.warning(
+                "voltro_beat: this host's clock is %+.3f s from the database's (more than "
+                "voltro_beat_max_clock_offset, %g s); %s",
+                offset.total_seconds() if offset is not None else 0.0,
+                self.settings.max_clock_offset.total_seconds(),
+                "decisions use the database's clock"
+                if self.clock.mode is ClockMode.DATABASE
+                else "this replica runs on its local clock (voltro_beat_clock = 'local')",
+            )
+        elif self._far and not far:
+            logger.warning("voltro_beat: this host's clock is back near the database's")
+        self._far = far
+
+    def _learn(self) -> None:
+        me = self.settings.replica
+        others = [r for r in self.live if r.name != me]
+        wanted = [r.name for r in others if self._maps.get(r.name, ("",))[0] != r.schedules_digest]
+        if wanted:
+            for name, schedules in self.registry.schedules(wanted).items():
+                self._maps[name] = (replicas.digest(schedules), schedules)
+        maps = {r.name: self._maps[r.name][1] for r in others if r.name in self._maps}
+        maps[me] = self.schedules
+        self.known = set().union(*maps.values())
+        mine = next((r for r in self.live if r.name == me), None)
+        newer = [
+            (r.name, maps.get(r.name, {}))
+            for r in reversed(others)
+            if mine is not None
+            and r.started_at is not None
+            and mine.started_at is not None
+            and (r.started_at, r.name) > (mine.started_at, me)
+        ]
+        yielded = replicas.stand_down(me, self.schedules, newer)
+        for name in yielded.keys() - self.yielded.keys():
+            logger.warning(
+                "voltro_beat: schedule %s changed on the newer replica %s: it fires there, "
+                "not here",
+                name,
+                yielded[name],
+            )
+        for name in self.yielded.keys() - yielded.keys():
+            logger.warning("voltro_beat: schedule %s fires here again", name)
+        self.yielded = yielded
+        for name, replica, other_name, other in replicas.renames(maps):
+            self._once(
+                ("rename", name, replica, other_name, other),
+                "voltro_beat: schedules %s (on %s) and %s (on %s) have one definition: a "
+                "rename in flight runs the task under both names until the older replicas stop",
+                name,
+                replica,
+                other_name,
+                other,
+            )
+        for key, value, replica, theirs in replicas.disagreements(self._settings(), others):
+            self._once(
+                ("setting", key, replica, theirs),
+                "voltro_beat: %s is %r here and %r on replica %s (each run row carries its "
+                "holder's lease and deadline, so this is safe, but probably not meant)",
+                key,
+                value,
+                theirs,
+                replica,
+            )
+
+    def _once(self, key: tuple[Any, ...], message: str, *args: Any) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            logger.warning(message, *args)
+
+
+def _who(live: list[Replica]) -> list[tuple[str, Any, str]]:
+    """What the lessons of :meth:`Membership._learn` depend on."""
+    return [(r.name, r.started_at, r.schedules_digest) for r in live]

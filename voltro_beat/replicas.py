@@ -1,0 +1,126 @@
+"""What the replica registry tells a replica: who else runs, and where they disagree.
+
+Pure: the scheduler reads the live replicas from the store (:mod:`voltro_beat.store.registry`)
+and acts on what these functions decide.
+
+* **Changed definitions** (a rolling deploy): a schedule whose definition differs between live
+  replicas fires on the definition of the most recently started one; the others stand down
+  for it (:func:`stand_down`). A schedule the newest replica does not have at all keeps firing
+  on the older ones until they stop: a replica with an empty or partial ``beat_schedule`` must
+  not silence the others.
+* **Renames in flight**: one definition under two names on different replicas would run the
+  task under both names (:func:`renames`).
+* **Settings**: replicas compare the settings in :data:`SHARED_SETTINGS`
+  (:func:`disagreements`). Leases and deadlines are written into each run row by the replica
+  that holds it, so different ``publish_timeout`` or ``max_lateness`` values are safe and only
+  reported; the clock is adopted from the oldest live replica (see the scheduler).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from voltro_beat.schedules import Entry
+
+#: The settings replicas report to each other, in their registry rows.
+SHARED_SETTINGS = ("clock", "coordination", "publish_timeout", "max_lateness")
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """One row of the registry (without its schedule map, which is read on demand)."""
+
+    name: str
+    host: str
+    pid: int
+    version: str
+    started_at: datetime | None
+    last_seen: datetime | None
+    #: Its local wall clock minus the database's, in seconds.
+    clock_offset: float | None
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    schedules_digest: str = ""
+
+
+def definition_hash(entry: Entry) -> str:
+    """A hash of everything that decides what and when ``entry`` fires.
+
+    Arguments and options are rendered with ``repr``: an object whose ``repr`` differs from
+    process to process makes two replicas look as if they disagreed, which only moves the
+    firing to the newest of them.
+    """
+    parts = [
+        entry.task,
+        repr(entry.spec),
+        repr(entry.args),
+        repr(sorted(entry.kwargs.items())),
+        repr(sorted(entry.options.items())),
+        str(entry.max_lateness),
+        entry.catch_up,
+        entry.on_overlap,
+        str(entry.overlap_timeout),
+    ]
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
+
+
+def digest(schedules: Mapping[str, str]) -> str:
+    """A hash of a replica's whole schedule map (name -> definition hash)."""
+    text = json.dumps(dict(schedules), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def stand_down(
+    me: str, mine: Mapping[str, str], newer: Sequence[tuple[str, Mapping[str, str]]]
+) -> dict[str, str]:
+    """The schedules replica ``me`` leaves to a more recently started replica, and to which.
+
+    ``newer`` lists the live replicas started after ``me`` with their schedule maps, newest
+    first. A schedule is left to the newest of them that has it, if its definition there
+    differs from ``mine``.
+    """
+    yielded: dict[str, str] = {}
+    for name, definition in mine.items():
+        for other, theirs in newer:
+            if other == me or name not in theirs:
+                continue
+            if theirs[name] != definition:
+                yielded[name] = other
+            break
+    return yielded
+
+
+def renames(maps: Mapping[str, Mapping[str, str]]) -> list[tuple[str, str, str, str]]:
+    """``(name, replica, other name, other replica)`` for each definition that two live
+    replicas run under different names, where neither replica has the other name."""
+    found: list[tuple[str, str, str, str]] = []
+    owners: dict[str, list[tuple[str, str]]] = {}
+    for replica, schedules in sorted(maps.items()):
+        for name, definition in schedules.items():
+            owners.setdefault(definition, []).append((name, replica))
+    for places in owners.values():
+        for i, (name, replica) in enumerate(places):
+            for other_name, other_replica in places[i + 1 :]:
+                if (
+                    other_name != name
+                    and other_name not in maps[replica]
+                    and name not in maps[other_replica]
+                ):
+                    found.append((name, replica, other_name, other_replica))
+    return found
+
+
+def disagreements(
+    mine: Mapping[str, Any], others: Iterable[Replica]
+) -> list[tuple[str, Any, str, Any]]:
+    """``(setting, my value, replica, its value)`` for each shared setting that differs."""
+    return [
+        (key, mine.get(key), other.name, other.settings.get(key))
+        for other in others
+        for key in SHARED_SETTINGS
+        if key in other.settings and other.settings.get(key) != mine.get(key)
+    ]
