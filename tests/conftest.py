@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -186,6 +186,35 @@ def start_worker(
 def require_service() -> Callable[[str, str], str]:
     """:func:`service_url` as a fixture: ``require_service("Redis", url)`` returns ``url``."""
     return service_url
+
+
+_SERVICES = {
+    "postgresql": ("PostgreSQL", POSTGRES_ADMIN_URL),
+    "redis": ("Redis", REDIS_URL),
+    "rabbitmq": ("RabbitMQ", AMQP_URL),
+}
+
+
+@pytest.fixture(scope="session")
+def need() -> Callable[..., None]:
+    """``need("postgresql", "redis", ...)``: fail under CI=true / skip loudly if one is down."""
+
+    def check(*services: str) -> None:
+        for service in services:
+            service_url(*_SERVICES[service])
+
+    return check
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the item (``item.vbt_rep_call``...), for the finalisers
+    that print process logs when a test failed."""
+    report = yield
+    setattr(item, f"vbt_rep_{report.when}", report)
+    return report
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -59,7 +60,8 @@ CREATE TABLE vbt_executions (
     occurrence text,
     periodic_task_name text,
     worker_pid integer NOT NULL,
-    executed_at timestamptz NOT NULL
+    executed_at timestamptz NOT NULL,
+    redelivered boolean
 )"""
 
 
@@ -302,6 +304,9 @@ class Execution:
     periodic_task_name: str | None
     worker_pid: int
     executed_at: datetime
+    #: The broker delivered this message again (``delivery_info["redelivered"]``): one
+    #: message executed twice, not two messages.
+    redelivered: bool | None = None
 
 
 def read_runs(store_url: str) -> dict[str, Run]:
@@ -321,8 +326,8 @@ def read_runs(store_url: str) -> dict[str, Run]:
 def read_executions(dsn: str) -> list[Execution]:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(
-            "SELECT task_id, occurrence, periodic_task_name, worker_pid, executed_at"
-            " FROM vbt_executions ORDER BY seq"
+            "SELECT task_id, occurrence, periodic_task_name, worker_pid, executed_at,"
+            " redelivered FROM vbt_executions ORDER BY seq"
         ).fetchall()
     return [Execution(*row) for row in rows]
 
@@ -501,6 +506,9 @@ class Deployments:
     dir) or a store URL; ``broker``: ``"redis"``, ``"rabbitmq"`` or a broker URL.
     """
 
+    #: What :meth:`__call__` builds (the chaos suite's subclass adds per-replica wrappers).
+    deployment_class: type[Deployment] = Deployment
+
     def __init__(
         self,
         workdir: Path,
@@ -525,7 +533,7 @@ class Deployments:
             "postgresql": sqlalchemy_url(self.exec_db),
             "sqlite": f"sqlite:///{self.workdir / 'voltro.sqlite3'}",
         }
-        dep = Deployment(
+        dep = self.deployment_class(
             workdir=self.workdir,
             procs=self.procs,
             store_url=stores.get(store, store),
@@ -542,6 +550,52 @@ class Deployments:
         self.procs.close()
         for dep in self.made:
             dep.delete_queue()
+
+
+def failed(request: pytest.FixtureRequest) -> bool:
+    """Whether the requesting test failed in its setup or call (``tests/conftest.py`` keeps
+    each phase's report on the item)."""
+    return any(
+        getattr(getattr(request.node, f"vbt_rep_{when}", None), "failed", False)
+        for when in ("setup", "call")
+    )
+
+
+@contextlib.contextmanager
+def temp_dir(prefix: str) -> Iterator[Path]:
+    """A temporary directory, removed afterwards unless ``VBT_KEEP=1`` (then its path is
+    printed)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        if os.environ.get("VBT_KEEP") == "1":
+            print(f"kept {path}")
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def deployments(
+    need: Callable[..., None],
+    show_logs: Callable[[], bool],
+    *,
+    prefix: str = "vbt-acc-",
+    factory: type[Deployments] = Deployments,
+) -> Iterator[Deployments]:
+    """A work dir, a process set and a fresh database on the shared server; all removed after.
+
+    The process logs are printed at the end when ``show_logs()`` says so (a test failed).
+    """
+    need("postgresql")
+    with temp_dir(prefix) as workdir, fresh_database() as exec_db:
+        made = factory(workdir, ProcessSet(), exec_db, need=need)
+        try:
+            yield made
+        finally:
+            made.close()
+            if show_logs():
+                print(made.procs.tails())
 
 
 # -- checks -------------------------------------------------------------------------------
@@ -712,6 +766,21 @@ class PrivatePostgres:
             with contextlib.suppress(Exception):
                 self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_postgres_cluster(prefix: str = "vbt-acc-pg-") -> Iterator[PrivatePostgres]:
+    """A started :class:`PrivatePostgres`, destroyed afterwards."""
+    require_binary(str(PG_BIN / "initdb"), "runuser")
+    # Its own temp dir, directly under /tmp: the postgres user must be able to reach it.
+    with temp_dir(prefix) as root:
+        cluster = PrivatePostgres(root)
+        try:
+            cluster.init()
+            cluster.start()
+            yield cluster
+        finally:
+            cluster.destroy()
 
 
 # -- scenario steps -----------------------------------------------------------------------

@@ -41,17 +41,19 @@ def exec_connection() -> psycopg.Connection[Any]:
 
 @app.task(bind=True, name="vbt_proj.record")
 def record(self: Task) -> None:
-    """Write this execution, with the voltro headers as the worker sees them, to the table."""
+    """Write this execution, with the voltro headers as the worker sees them and whether the
+    broker flagged the message as redelivered, to the table."""
     request = self.request
     exec_connection().execute(
         "INSERT INTO vbt_executions"
-        " (task_id, occurrence, periodic_task_name, worker_pid, executed_at)"
-        " VALUES (%s, %s, %s, %s, %s)",
+        " (task_id, occurrence, periodic_task_name, worker_pid, executed_at, redelivered)"
+        " VALUES (%s, %s, %s, %s, %s, %s)",
         (
             request.id,
             getattr(request, "voltro_occurrence", None),
             getattr(request, "periodic_task_name", None),
             os.getpid(),
             datetime.now(UTC),
+            bool((request.delivery_info or {}).get("redelivered")),
         ),
     )
