@@ -119,7 +119,7 @@ class VoltroScheduler(beat.Scheduler):
         #: The entries Celery's ``install_default_entries`` adds (see ``update_from_dict``).
         self._default_entries: dict[str, Mapping[str, Any]] = {}
         #: Heap items whose message templates are not built yet, soonest first.
-        self._unprepared: list[tuple[datetime, int, _Due]] = []
+        self._unprepared: collections.deque[tuple[datetime, int, _Due]] = collections.deque()
         self._next_recovery = datetime.min.replace(tzinfo=UTC)
         self._next_retention = datetime.min.replace(tzinfo=UTC)
         self._next_heartbeat = datetime.min.replace(tzinfo=UTC)
@@ -267,11 +267,12 @@ class VoltroScheduler(beat.Scheduler):
         At 100,000 schedules building them all takes minutes: done at boot it would hold the
         first occurrences back, so it runs in the idle time between ticks instead.
         """
+        # One at a time: a template costs little, but on a loaded host a batch of them could
+        # run into the next claim.
         while self._unprepared:
             if self._next_wake() - self._clock.now() < PREPARE_MARGIN:
                 return
-            chunk, self._unprepared = self._unprepared[:100], self._unprepared[100:]
-            self._publisher.prepare([due.entry for _, _, due in chunk])
+            self._publisher.prepare([self._unprepared.popleft()[2].entry])
 
     def _boot(self) -> None:
         """Upgrade the schema, join the registry (a first reading of the database's clock),
@@ -301,7 +302,7 @@ class VoltroScheduler(beat.Scheduler):
             if first is not None:
                 self._push(_Due(entry, [first]))
         self._booted = True
-        self._unprepared = sorted(self._queue)
+        self._unprepared = collections.deque(sorted(self._queue))
 
     def _publish_ready(self) -> None:
         """Fence the occurrences won ahead whose instant is near, and publish those whose

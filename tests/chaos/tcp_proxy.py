@@ -19,6 +19,10 @@ those proxies gets there first, and then does one of two things:
     of a stalled network path: the bytes were accepted by the path, they arrive late). The
     server's replies to them are discarded.
 
+``CUT`` (the connection lost in the middle of a write)
+    The marked read is dropped and the connection is closed on both sides at once: the broker
+    gets the bytes before it and never the rest, the client sees its connection reset.
+
 ``KILL_AFTER_REPLY`` (death between the broker's acceptance and the mark)
     The marked read and the rest of the write are forwarded; the first server->client bytes
     after it (the server's reply: the broker executed the write) are swallowed, and the
@@ -40,11 +44,14 @@ from dataclasses import dataclass, field
 
 #: The start of a Redis LPUSH command in RESP (redis-py sends command names upper case).
 LPUSH = b"\r\nLPUSH\r\n"
+#: An AMQP 0-9-1 Basic.Publish method: class 60, method 40.
+BASIC_PUBLISH = b"\x00\x3c\x00\x28"
 READ_SIZE = 1 << 16
 
 
 class Mode(enum.Enum):
     HOLD = "hold"
+    CUT = "cut"
     KILL_AFTER_REPLY = "kill_after_reply"
 
 
@@ -94,6 +101,8 @@ class _Conn:
         #: A KILL_AFTER_REPLY trap waiting for the server's reply on this connection.
         self.awaiting: Trap | None = None
         self.swallow = False
+        #: A CUT trap fired: both sides are closed, the rest of the write never sent.
+        self.cut = False
 
 
 class Proxy:
@@ -165,11 +174,16 @@ class Proxy:
                 window, tail = tail + data, (tail + data)[-32:]
                 trap = self.trap
                 if not self.holding and trap is not None and trap.take(self.name, window):
+                    self.trap = None
+                    if trap.mode is Mode.CUT:
+                        conn.cut = True
+                        trap.acted_at = time.time()
+                        trap.acted.set()
+                        break
                     if trap.mode is Mode.HOLD:
                         self.holding = True
                     else:
                         conn.awaiting = trap
-                    self.trap = None
                 if self.holding:
                     conn.held.append(data)
                     self.held_bytes += len(data)
@@ -179,6 +193,8 @@ class Proxy:
         except ConnectionError:
             pass
         conn.client_done = True
+        if conn.cut:
+            _close(conn.cwriter)
         if not conn.held:
             _close(conn.swriter)
 

@@ -1,0 +1,90 @@
+"""The broker connection cut in the middle of a burst, on Redis and on RabbitMQ.
+
+Every replica reaches the broker through a :mod:`tcp_proxy` proxy; the proxy of the replica
+holding a 2,500-schedule burst cuts its connection in the middle of the burst's writes (the
+rest of the write never reaches the broker). A run is marked ``published`` only once the broker
+confirmed it (Redis: the chunk's ``MULTI``/``EXEC`` reply, nothing of a cut chunk executed;
+RabbitMQ: publisher confirms, message by message); whatever was not confirmed is republished,
+once its lease ran out, with the same task id. So: every occurrence executed exactly once.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from chaos_harness import (
+    PUBLISH_TIMEOUT,
+    ChaosDeployments,
+    Results,
+    boot,
+    burst,
+    executions_by_replica,
+    holder,
+    keys_at,
+    redis_accepted,
+    republished,
+    tally,
+    utc,
+)
+from tcp_proxy import BASIC_PUBLISH, LPUSH, Mode, Proxy, ProxyHub, Trap
+from vbt_harness import REPLICAS, check, finish, next_boundary, now, start_private_redis
+
+from voltro_beat.dispatch import CHUNK
+
+EVERY = timedelta(seconds=15)
+SIZE = 2500
+
+
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_broker_connection_cut_mid_burst(
+    chaos: ChaosDeployments, proxies: ProxyHub, chaos_results: Results, broker: str
+) -> None:
+    schedules = burst(SIZE)
+    if broker == "redis":
+        redis = start_private_redis(chaos)
+        dep = chaos(broker=redis.url)
+        target = ("127.0.0.1", redis.port)
+        # A chunk is one MULTI, one LPUSH of its payloads, one EXEC: the second chunk's LPUSH.
+        marker, nth = LPUSH, 2
+
+        def url(proxy: Proxy) -> str:
+            return proxy.url()
+
+        accepted = redis_accepted(chaos.workdir)
+    else:
+        dep = chaos(broker="rabbitmq")
+        target = ("127.0.0.1", 5672)
+        # One publish, then its confirm, at a time: the middle of the second chunk.
+        marker, nth = BASIC_PUBLISH, CHUNK + CHUNK // 2
+
+        def url(proxy: Proxy) -> str:
+            return f"amqp://guest:guest@127.0.0.1:{proxy.port}//"
+
+        accepted = None
+    for name in REPLICAS:
+        dep.overrides[name] = {"broker_url": url(proxies.add(name, target))}
+    boot(dep, schedules, REPLICAS)
+
+    instant = next_boundary(now() + timedelta(seconds=3), EVERY, timedelta(0))
+    held = dep.wait_for_claims(instant, until=instant - timedelta(milliseconds=40))
+    name = holder(held)
+    trap = Trap(marker, Mode.CUT, nth=nth)
+    proxies.arm(trap, name)
+    assert trap.fired.wait(timeout=30), f"{name} did not write {nth} times to the broker"
+    end = instant + PUBLISH_TIMEOUT + timedelta(seconds=8)
+    outcome = finish(dep, schedules, instant, end)
+
+    row = tally(f"6. broker connection cut mid-burst ({broker})", outcome, accepted=accepted)
+    burst_keys = keys_at(schedules, instant)
+    cut = f"{(utc(trap.acted_at) - instant).total_seconds():+.3f}s" if trap.acted_at else "?"
+    row.notes += [
+        f"{name} held {len(held[name] & set(burst_keys))} of the {SIZE:,} burst runs; its"
+        f" connection cut {cut} from the instant, in its write {nth} of the burst",
+        "burst run rows ended with: "
+        + ", ".join(f"{k} {v}" for k, v in executions_by_replica(outcome, burst_keys).items()),
+        "recovery republish attempts (beat logs): "
+        + ", ".join(f"{k} {v}" for k, v in republished(dep).items()),
+    ]
+    chaos_results.add(row)
+    check(row.problems, f"{name}'s broker connection cut {cut} from {instant:%T}")
