@@ -32,7 +32,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from tcp_proxy import Proxy, ProxyHub
 from vbt_harness import (
+    REPLICAS,
     Deployment,
     Deployments,
     Outcome,
@@ -114,6 +116,14 @@ class ChaosDeployment(Deployment):
             f"CONFIG.update({self.overrides[name]!r})\n"
         )
         return path
+
+    def through_proxies(
+        self, hub: ProxyHub, target: tuple[str, int], url: Callable[[Proxy], str] = Proxy.url
+    ) -> None:
+        """Every replica reaches the broker at ``target`` through a proxy of its own of
+        ``hub`` (named after it), the broker URL ``url(proxy)``; the worker connects directly."""
+        for name in REPLICAS:
+            self.overrides[name] = {"broker_url": url(hub.add(name, target))}
 
     def start_beats(self, *names: str) -> None:
         for name in names:

@@ -62,8 +62,7 @@ def test_broker_connection_cut_mid_burst(
             return f"amqp://guest:guest@127.0.0.1:{proxy.port}//"
 
         accepted = None
-    for name in REPLICAS:
-        dep.overrides[name] = {"broker_url": url(proxies.add(name, target))}
+    dep.through_proxies(proxies, target, url)
     boot(dep, schedules, REPLICAS)
 
     instant = next_boundary(now() + timedelta(seconds=3), EVERY, timedelta(0))

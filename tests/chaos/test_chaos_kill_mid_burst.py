@@ -60,8 +60,7 @@ def test_kill_minus_nine_right_after_a_broker_write(
     schedules = burst(size)
     redis = start_private_redis(chaos)
     dep = chaos(broker=redis.url)
-    for name in REPLICAS:
-        dep.overrides[name] = {"broker_url": proxies.add(name, ("127.0.0.1", redis.port)).url()}
+    dep.through_proxies(proxies, ("127.0.0.1", redis.port))
     boot(dep, schedules, REPLICAS)
 
     instant = next_boundary(now() + timedelta(seconds=3), EVERY, timedelta(0))

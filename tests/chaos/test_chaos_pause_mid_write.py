@@ -52,8 +52,7 @@ def test_pause_of_the_holder_in_the_middle_of_its_write(
 ) -> None:
     redis = start_private_redis(chaos)
     dep = chaos(broker=redis.url)
-    for name in REPLICAS:
-        dep.overrides[name] = {"broker_url": proxies.add(name, ("127.0.0.1", redis.port)).url()}
+    dep.through_proxies(proxies, ("127.0.0.1", redis.port))
     boot(dep, BURST, REPLICAS)
 
     instant = next_boundary(now() + timedelta(seconds=2.5), EVERY, timedelta(0))

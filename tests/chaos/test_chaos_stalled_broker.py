@@ -46,8 +46,7 @@ def test_stalled_broker_write_of_the_burst_holder(
 ) -> None:
     redis = start_private_redis(chaos)
     dep = chaos(broker=redis.url)
-    for name in REPLICAS:
-        dep.overrides[name] = {"broker_url": proxies.add(name, ("127.0.0.1", redis.port)).url()}
+    dep.through_proxies(proxies, ("127.0.0.1", redis.port))
     boot(dep, SCHEDULES, REPLICAS)
 
     start = window_start()
