@@ -28,6 +28,7 @@ import logging
 import operator
 import os
 import re
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
@@ -65,6 +66,11 @@ def uuid4_str(raw: bytes) -> str:
 #: Bounded so that a broker outage cannot stall the tick: one quick reconnect, then give up
 #: and leave the run ``claimed`` for the recovery sweep.
 RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
+
+#: On AMQP, the publisher waits for the broker's confirms after this many messages: a
+#: connection lost meanwhile leaves at most that many in doubt (sent again, same task ids),
+#: and a thousand messages cost ten round trips, not a thousand.
+CONFIRM_EVERY = 100
 
 #: Options whose value Celery resolves against the clock at send time.
 TIME_RELATIVE = ("expires", "countdown", "eta")
@@ -174,6 +180,51 @@ class _Template(NamedTuple):
     kwargs: dict[str, Any]
 
 
+class _Confirms:
+    """RabbitMQ's publisher confirms on one channel, waited for a batch at a time.
+
+    The channel is in confirm mode: the broker acknowledges each message it took (delivery
+    tags 1, 2, ... in publish order, several at once when ``multiple``). Waiting for the last
+    tag of a batch (:data:`CONFIRM_EVERY` messages) costs about one round trip for the whole
+    batch, where waiting for each message (kombu's ``confirm_publish``) costs one per message.
+    """
+
+    def __init__(self, channel: Any) -> None:
+        channel.confirm_select()
+        #: The tags handed out on this channel so far (one per basic.publish).
+        self.published = 0
+        #: Every tag up to this one is acknowledged.
+        self.acked = 0
+        self._acks: set[int] = set()
+        self.nacked = False
+        channel.events["basic_ack"].add(self._on_ack)
+        channel.events["basic_nack"].add(self._on_nack)
+
+    def _on_ack(self, tag: int, multiple: bool) -> None:
+        if multiple:
+            self.acked = max(self.acked, tag)
+        else:
+            self._acks.add(tag)
+        while self.acked + 1 in self._acks:
+            self.acked += 1
+        self._acks = {t for t in self._acks if t > self.acked}
+
+    def _on_nack(self, tag: int, multiple: bool) -> None:
+        self.nacked = True
+
+    def wait(self, connection: Connection, timeout: float) -> None:
+        """Until every message published so far is acknowledged; raises if one was refused or
+        the acknowledgements do not come within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.acked < self.published:
+            if self.nacked:
+                raise OSError("the broker refused a message (basic.nack)")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no publisher confirm within {timeout:g} s")
+            connection.drain_events(timeout=remaining)
+
+
 class Publisher:
     """Publishes occurrences through one reused broker connection and producer."""
 
@@ -186,22 +237,29 @@ class Publisher:
         #: for Celery's full path.
         self._templates: dict[str, _RedisPush | _Template | None] = {}
         self._declared: set[str] = set()
+        #: On AMQP, the producer channel's publisher confirms.
+        self._confirms: _Confirms | None = None
 
     def publish(self, messages: Sequence[tuple[Entry, str, str]]) -> None:
         """Send each ``(entry, occurrence key, task id)``.
 
         Where the transport supports it (Redis) the messages go out pipelined: the captured
         payloads on one redis-py pipeline, the rest through kombu's ``Producer.batch``, so a
-        10,000-schedule minute costs a few round trips rather than 10,000. Raises
-        :class:`PublishError` if the broker failed; its ``confirmed`` counts the leading
-        messages known to have been taken (none, once anything was pipelined).
+        10,000-schedule minute costs a few round trips rather than 10,000. On AMQP the call
+        returns once the broker confirmed every message. Raises :class:`PublishError` if the
+        broker failed; its ``confirmed`` counts the leading messages known to have been taken
+        (none, once anything was pipelined).
         """
         sent = 0
         batched = False
         pushes: list[tuple[str, str]] = []
+        confirms: _Confirms | None = None
+        first = 0
         try:
             producer = self._get_producer()
             batched = producer.supports_batch_publish
+            confirms = self._confirms
+            first = 0 if confirms is None else confirms.published
             templates = [self._template(producer, entry) for entry, _, _ in messages]
             with producer.batch(max_size=max(1, len(messages))):
                 for (entry, key, task_id), template in zip(messages, templates, strict=True):
@@ -211,13 +269,24 @@ class Publisher:
                         self._declare(producer, template.declare)
                         pushes.append((template.list_key, template.payload(key, task_id)))
                     else:
-                        self._replay(producer, template, key, task_id, retry=not batched)
+                        retry = not batched and confirms is None
+                        self._replay(producer, template, key, task_id, retry=retry)
                     sent += 1
+                    if confirms is not None:
+                        confirms.published += 1
+                        if confirms.published % CONFIRM_EVERY == 0:
+                            confirms.wait(producer.connection, self.write_timeout.total_seconds())
             if pushes:
                 self._lpush(producer, pushes)
+            if confirms is not None:
+                confirms.wait(producer.connection, self.write_timeout.total_seconds())
         except Exception as exc:
             self.reset()
-            raise PublishError(str(exc), confirmed=0 if batched or pushes else sent) from exc
+            if confirms is not None:
+                confirmed = max(0, confirms.acked - first)
+            else:
+                confirmed = 0 if batched or pushes else sent
+            raise PublishError(str(exc), confirmed=confirmed) from exc
 
     @staticmethod
     def _lpush(producer: Producer, pushes: Sequence[tuple[str, str]]) -> None:
@@ -240,7 +309,8 @@ class Publisher:
         headers["periodic_task_name"] = entry.name
         options["headers"] = headers
         options["task_id"] = task_id
-        options.setdefault("retry", True)
+        # kombu's retry publishes again on a new connection, whose confirms nobody waits for.
+        options.setdefault("retry", self._confirms is None)
         options.setdefault("retry_policy", RETRY_POLICY)
         task = self.app.tasks.get(entry.task)
         if task is not None:
@@ -326,9 +396,8 @@ class Publisher:
         if self._producer is None:
             # kombu's own connection retries (broker_connection_timeout, every 2 s) would hold a
             # tick for seconds while the broker is down: one quick attempt, then fail closed.
-            # A write is bounded (no transport bounds it by default); on AMQP each message
-            # waits for the broker's publisher confirm, so a message counts as sent only
-            # once the broker took it. Each transport reads only the options it knows.
+            # A write is bounded (no transport bounds it by default). Each transport reads
+            # only the options it knows.
             seconds = self.write_timeout.total_seconds()
             options = dict(
                 self.app.conf.broker_transport_options or {},
@@ -336,15 +405,19 @@ class Publisher:
                 socket_timeout=seconds,
                 read_timeout=seconds,
                 write_timeout=seconds,
-                confirm_publish=True,
             )
-            self._connection = self.app.connection_for_write(transport_options=options)
-            self._producer = self.app.amqp.Producer(self._connection, auto_declare=False)
+            connection = self.app.connection_for_write(transport_options=options)
+            producer = self.app.amqp.Producer(connection, auto_declare=False)
+            if connection.transport.driver_type == "amqp":
+                # A message counts as sent once RabbitMQ confirmed it.
+                self._confirms = _Confirms(producer.channel)
+            self._connection, self._producer = connection, producer
         return self._producer
 
     def reset(self) -> None:
         """Drop the connection (after a failure, or at close); the next publish reconnects."""
         connection, self._connection, self._producer = self._connection, None, None
+        self._confirms = None
         self._declared.clear()
         if connection is not None:
             # A broken connection may fail to close; it is being dropped either way.

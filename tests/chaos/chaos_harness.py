@@ -158,6 +158,16 @@ class ChaosDeployment(Deployment):
             ).fetchall()
         return Counter({replica: n for replica, n in rows})
 
+    def claimers(self, instant: datetime) -> Counter[str]:
+        """Which replicas claimed the occurrences of ``instant`` (the claims table), how many."""
+        with psycopg.connect(self.libpq_store, autocommit=True, connect_timeout=5) as conn:
+            rows = conn.execute(
+                "SELECT replica, count(*) FROM _voltro_schedule_claims"
+                " WHERE scheduled_at = %s GROUP BY replica",
+                (instant,),
+            ).fetchall()
+        return Counter({replica: n for replica, n in rows})
+
     def held_keys(self, instant: datetime) -> dict[str, set[str]]:
         """The ``claimed`` keys of ``instant``, by replica."""
         with psycopg.connect(self.libpq_store, autocommit=True, connect_timeout=5) as conn:
