@@ -14,6 +14,7 @@ from rich.table import Table
 from voltro_beat.config import DEFAULT_STORE_URL
 from voltro_beat.exceptions import ConfigurationError, StoreError
 from voltro_beat.occurrences import next_after, occurrence_key
+from voltro_beat.replicas import lives
 from voltro_beat.schedules import Spec, check_name, to_spec
 from voltro_beat.status import Status
 from voltro_beat.store import reads
@@ -199,9 +200,8 @@ def replicas(store_url: str, max_offset: float) -> None:
     for column in (*columns, "offset s", "schedules"):
         table.add_column(column, no_wrap=True)
     for r in rows:
-        timeout = float(r.settings.get("publish_timeout", 10))
         ago = None if r.last_seen is None else (now - r.last_seen).total_seconds()
-        live = ago is not None and ago <= timeout
+        live = lives(r, now)
         offset = r.clock_offset
         table.add_row(
             r.name,

@@ -46,6 +46,31 @@ class Replica:
     settings: Mapping[str, Any] = field(default_factory=dict)
     schedules_digest: str = ""
 
+    @classmethod
+    def of(cls, row: Any) -> Replica:
+        """The replica of a registry row (anything with the table's columns as attributes:
+        a SQLAlchemy row, a mapped or a Django model instance); ``settings`` is the JSON text."""
+        return cls(
+            name=row.name,
+            host=row.host,
+            pid=row.pid,
+            version=row.version,
+            started_at=row.started_at,
+            last_seen=row.last_seen,
+            clock_offset=row.clock_offset,
+            settings=json.loads(row.settings),
+            schedules_digest=row.schedules_digest,
+        )
+
+
+def lives(replica: Replica, now: datetime) -> bool:
+    """Whether ``replica`` is live at ``now`` (the database's clock): its last heartbeat is
+    younger than its own publish timeout, after which the others take its runs over."""
+    if replica.last_seen is None:
+        return False
+    # Every row reports it: it is among SHARED_SETTINGS.
+    return (now - replica.last_seen).total_seconds() <= float(replica.settings["publish_timeout"])
+
 
 def definition_hash(entry: Entry) -> str:
     """A hash of everything that decides what and when ``entry`` fires.

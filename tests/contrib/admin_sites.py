@@ -33,7 +33,7 @@ PASSWORD = "not-a-default-Pa55"
 #: The users every Django site has: (name, staff, superuser, permissions).
 USERS = {
     "admin": (True, True, ()),
-    "viewer": (True, False, ("view_run", "view_claim")),
+    "viewer": (True, False, ("view_run", "view_claim", "view_replica")),
     "staff": (True, False, ()),
     "outsider": (False, False, ("view_run",)),
 }

@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,11 @@ from vbt_harness import (
 )
 
 from voltro_beat.contrib.django.apps import ROUTER
+from voltro_beat.replicas import Replica
 from voltro_beat.status import UNFINISHED
 from voltro_beat.store.database import Database
-from voltro_beat.store.tables import claims, runs
+from voltro_beat.store.registry import Registry
+from voltro_beat.store.tables import claims, replicas, runs
 
 #: The schedules of the scenario: one per outcome the admin shows.
 SCHEDULES = (
@@ -48,6 +51,30 @@ SCHEDULES = (
     Sched("lateness-3s", '"* * * * * *"', extra={"max_lateness": "3"}, task="vbt_admin.ok"),
 )
 APP = "vbt_admin_proj:app"
+#: The registry rows the replicas pages show (the scenario's replicas stopped, and a replica
+#: that stops deletes its row): one live for the whole session, one gone a day ago.
+LIVE = Replica(
+    "beat-live",
+    "host-a",
+    101,
+    "0.2.0",
+    None,
+    None,
+    0.0042,
+    {"clock": "database", "coordination": "advisory_lock", "publish_timeout": 86400.0},
+    "d1g35t-l1v3",
+)
+GONE = Replica(
+    "beat-gone",
+    "host-b",
+    202,
+    "0.1.0",
+    None,
+    None,
+    -2.5,
+    {"clock": "local", "coordination": "advisory_lock", "publish_timeout": 10.0},
+    "d1g35t-g0n3",
+)
 BROKER = REDIS_URL.rsplit("/", 1)[0] + "/13"
 
 
@@ -116,6 +143,7 @@ def seeded(workdir: Path, require_service: Callable[[str, str], str]) -> Iterato
             raise
         finally:
             made.close()
+        register_replicas(dep.store_url)
         engine = sa.create_engine(dep.store_url, poolclass=sa.NullPool)
         with engine.connect() as conn:
             rows = [dict(r._mapping) for r in conn.execute(sa.select(runs))]
@@ -124,6 +152,24 @@ def seeded(workdir: Path, require_service: Callable[[str, str], str]) -> Iterato
             env={"VBT_CONFIG_FILE": str(dep.config_file), "VBT_EXEC_DSN": exec_db},
             rows=rows,
         )
+
+
+def register_replicas(store_url: str) -> None:
+    """Register :data:`LIVE` and :data:`GONE` the way a replica registers (its heartbeat is
+    ``last_seen``, on the database's clock); GONE's last heartbeat a day ago."""
+    database = Database.open(store_url)
+    try:
+        registry = Registry(database)
+        registry.register(LIVE, {"ok-1s": "0f0f0f0f0f0f0f0f", "boom-2s": "1e1e1e1e1e1e1e1e"})
+        registry.register(GONE, {"ok-1s": "2d2d2d2d2d2d2d2d"})
+        with database.engine.begin() as conn:
+            conn.execute(
+                replicas.update()
+                .where(replicas.c.name == GONE.name)
+                .values(last_seen=database.time() - timedelta(days=1))
+            )
+    finally:
+        database.dispose()
 
 
 def failed_run(seeded: Seeded) -> dict[str, object]:
@@ -175,7 +221,7 @@ def copy_to_sqlite(store_url: str, path: Path) -> str:
     target.upgrade()
     source = sa.create_engine(store_url, poolclass=sa.NullPool)
     with source.connect() as read, target.engine.begin() as write:
-        for table in (runs, claims):
+        for table in (runs, claims, replicas):
             rows = [dict(r._mapping) for r in read.execute(sa.select(table))]
             if rows:
                 write.execute(table.insert(), rows)

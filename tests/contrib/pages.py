@@ -77,3 +77,15 @@ def expected_overview(rows: Sequence[dict[str, Any]], schedule: str) -> tuple[li
     succeeded = sum(r["status"] == Status.SUCCEEDED for r in finished)
     rate = f"{succeeded / len(finished):.0%}" if finished else "-"
     return [f"{r['id']}: {r['status']}" for r in reversed(newest)], rate
+
+
+def table_rows(page: str) -> list[str]:
+    """The text of each table row of ``page``, tags stripped, whitespace collapsed."""
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", page, re.S)
+    return [" ".join(html.unescape(re.sub(r"<[^>]+>", " ", row)).split()) for row in rows]
+
+
+def replica_lines(page: str, names: Sequence[str]) -> dict[str, str]:
+    """The row text of each replica in ``names`` on a replicas list ``page``."""
+    rows = table_rows(page)
+    return {name: next(r for r in rows if f" {name} " in f" {r} ") for name in names}

@@ -19,12 +19,13 @@ from zoneinfo import ZoneInfo
 import httpx
 import pytest
 from admin_sites import DjangoSite
-from conftest import Seeded, django_site, failed_run
-from pages import COLUMNS, FILTERS, expected_overview, overview
+from conftest import GONE, LIVE, Seeded, django_site, failed_run
+from pages import COLUMNS, FILTERS, expected_overview, overview, replica_lines
 from vbt_harness import ProcessSet
 
 RUNS = "/admin/voltro_beat/run/"
 CLAIMS = "/admin/voltro_beat/claim/"
+REPLICAS = "/admin/voltro_beat/replica/"
 SCHEDULES = "/admin/voltro_beat/schedule/"
 #: Rows per page of the Django admin.
 PAGE = 100
@@ -172,7 +173,7 @@ def test_nobody_adds_changes_or_deletes(site: DjangoSite, seeded: Seeded) -> Non
     admin = site.login("admin")  # a superuser
     key = seeded.newest()[0]
     token = admin.cookies["csrftoken"]
-    for model in (RUNS, CLAIMS):
+    for model in (RUNS, CLAIMS, REPLICAS):
         assert admin.get(f"{model}add/").status_code == 403
     assert (
         admin.post(
@@ -196,4 +197,22 @@ def test_who_sees_the_pages(site: DjangoSite) -> None:
     assert site.client().get(RUNS).headers["location"].startswith("/admin/login/")
     staff = site.login("staff")  # staff without the view permission
     assert staff.get(RUNS).status_code == 403
+    assert staff.get(REPLICAS).status_code == 403
     assert staff.get(SCHEDULES).status_code == 403
+
+
+def test_replicas_list_and_detail(viewer: httpx.Client) -> None:
+    page = viewer.get(REPLICAS)
+    assert page.status_code == 200
+    lines = replica_lines(page.text, [LIVE.name, GONE.name])
+    assert lines[LIVE.name].split()[:4] == [LIVE.name, "live", "host-a", "101"]
+    assert lines[GONE.name].split()[:4] == [GONE.name, "gone", "host-b", "202"]
+    assert "database +0.004 s d1g35t-l1v3" in lines[LIVE.name]
+    assert "local -2.500 s d1g35t-g0n3" in lines[GONE.name]
+    # The one seen last first.
+    assert page.text.index(LIVE.name) < page.text.index(GONE.name)
+    detail = viewer.get(f"{REPLICAS}{LIVE.name}/change/")
+    assert detail.status_code == 200
+    text = html.unescape(detail.text)
+    assert '"publish_timeout": 86400.0' in text and '"boom-2s": "1e1e1e1e1e1e1e1e"' in text
+    assert "Save" not in detail.text and "delete/" not in detail.text

@@ -13,8 +13,8 @@ from urllib.parse import unquote
 import httpx
 import pytest
 from admin_sites import SqladminSite, run_admin_command
-from conftest import APP, Seeded, failed_run
-from pages import COLUMNS, FILTERS, expected_overview, overview
+from conftest import APP, GONE, LIVE, Seeded, failed_run
+from pages import COLUMNS, FILTERS, expected_overview, overview, replica_lines
 from vbt_harness import ProcessSet
 
 RUNS = "/admin/run/list"
@@ -121,6 +121,9 @@ def test_writes_are_refused(operator: httpx.Client, seeded: Seeded) -> None:
         ("POST", f"/admin/run/edit/{key}"),
         ("DELETE", f"/admin/run/delete?pks={key}"),
         ("GET", "/admin/claim/create"),
+        ("GET", "/admin/replica/create"),
+        ("POST", f"/admin/replica/edit/{LIVE.name}"),
+        ("DELETE", f"/admin/replica/delete?pks={LIVE.name}"),
     ]
     for method, path in refused:
         assert operator.request(method, path).status_code == 403, (method, path)
@@ -144,3 +147,18 @@ def test_no_auth_serves_loopback_only(seeded: Seeded, workdir: Path, procs: Proc
     root.mkdir()
     open_site = SqladminSite.start(root, procs, seeded.store_url, args=("--no-auth",), user=None)
     assert keys_on(open_site.client().get(RUNS)) == seeded.newest()[:PAGE]
+
+
+def test_replicas_list_and_detail(operator: httpx.Client) -> None:
+    page = operator.get("/admin/replica/list")
+    assert page.status_code == 200
+    lines = replica_lines(page.text, [LIVE.name, GONE.name])
+    assert lines[LIVE.name].split()[:4] == [LIVE.name, "live", "host-a", "101"]
+    assert lines[GONE.name].split()[:4] == [GONE.name, "gone", "host-b", "202"]
+    assert "+0.004 s d1g35t-l1v3" in lines[LIVE.name]
+    assert "-2.500 s d1g35t-g0n3" in lines[GONE.name]
+    assert page.text.index(LIVE.name) < page.text.index(GONE.name)
+    detail = operator.get(f"/admin/replica/details/{LIVE.name}")
+    assert detail.status_code == 200
+    text = html.unescape(detail.text)
+    assert '"publish_timeout": 86400.0' in text and '"boom-2s": "1e1e1e1e1e1e1e1e"' in text

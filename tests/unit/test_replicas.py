@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 from voltro_beat.replicas import (
     Replica,
     definition_hash,
     digest,
     disagreements,
+    lives,
     renames,
     stand_down,
 )
@@ -69,3 +71,12 @@ def test_disagreeing_settings_are_listed() -> None:
 def test_the_digest_is_of_the_whole_map() -> None:
     assert digest({"a": "1", "b": "2"}) == digest({"b": "2", "a": "1"})
     assert digest({"a": "1"}) != digest({"a": "2"})
+
+
+def test_a_replica_lives_while_its_heartbeat_is_younger_than_its_own_publish_timeout() -> None:
+    seen = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
+
+    replica = Replica("r", "h", 1, "0.2.0", seen, seen, None, {"publish_timeout": 30.0})
+    assert lives(replica, seen + timedelta(seconds=30))
+    assert not lives(replica, seen + timedelta(seconds=30.001))
+    assert not lives(replace(replica, last_seen=None), seen)

@@ -1,7 +1,9 @@
-"""How both admins show a run: status colours, lags and durations, the capped row count."""
+"""How both admins show a run (status colours, lags and durations, the capped row count) and a
+replica (live or gone, its clock offset)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import datetime
 
@@ -83,3 +85,18 @@ def seconds_text(seconds: float | None) -> str:
         return f"{minutes} min {rest} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min"
+
+
+def liveness(live: bool) -> tuple[str, str]:
+    """A replica's state as its badge shows it: the word and its colour."""
+    return ("live", _GREEN) if live else ("gone", _GREY)
+
+
+def offset_text(offset: float | None) -> str:
+    """A replica's clock offset (its clock minus the database's) in signed seconds."""
+    return "-" if offset is None else f"{offset:+.3f} s"
+
+
+def json_text(text: str) -> str:
+    """A JSON column (a replica's settings or schedule map) indented, keys sorted."""
+    return json.dumps(json.loads(text), indent=2, sort_keys=True)

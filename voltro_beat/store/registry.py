@@ -102,7 +102,7 @@ class Registry:
             return None
         now = rows[0].now
         assert isinstance(now, datetime)
-        return (now, sent, received), [_replica(row) for row in rows if row.name is not None]
+        return (now, sent, received), [Replica.of(row) for row in rows if row.name is not None]
 
     def live(self, within: timedelta) -> list[Replica]:
         """The replicas seen within ``within``, oldest start first (without their schedules)."""
@@ -139,18 +139,4 @@ class Registry:
 
     def _read(self, stmt: sa.Select[Any]) -> list[Replica]:
         with self.database.connect() as conn:
-            return [_replica(row) for row in conn.execute(stmt)]
-
-
-def _replica(row: Any) -> Replica:
-    return Replica(
-        name=row.name,
-        host=row.host,
-        pid=row.pid,
-        version=row.version,
-        started_at=row.started_at,
-        last_seen=row.last_seen,
-        clock_offset=row.clock_offset,
-        settings=json.loads(row.settings),
-        schedules_digest=row.schedules_digest,
-    )
+            return [Replica.of(row) for row in conn.execute(stmt)]

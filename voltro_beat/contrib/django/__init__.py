@@ -1,8 +1,9 @@
 """voltro_beat's tables in the Django admin: add ``"voltro_beat.contrib.django"`` to
 ``INSTALLED_APPS``.
 
-Read-only pages of the run table, the claims table and a schedules overview. The models are
-unmanaged: voltro_beat's own migrations (Alembic) create and change the tables, never Django.
+Read-only pages of the run table, the claims table, the replica registry and a schedules
+overview. The models are unmanaged: voltro_beat's own migrations (Alembic) create and change
+the tables, never Django.
 
 Settings (both optional):
 

@@ -1,10 +1,11 @@
-"""Read-only admin pages: runs, claims, and the schedules overview.
+"""Read-only admin pages: runs, claims, replicas, and the schedules overview.
 
 Nobody may add, change or delete a row, superusers included (the tables are beat's and the
-workers'); staff users see the pages with the ``voltro_beat.view_run`` / ``view_claim``
-permission. Every list is served by an index on a table of millions of rows: newest first,
-the status, outcome, schedule and date filters, exact search by key or task id, a row count
-capped at ``COUNT_CAP`` and a date hierarchy that probes instead of scanning.
+workers'); staff users see the pages with the ``voltro_beat.view_run`` / ``view_claim`` /
+``view_replica`` permission. Every list of runs or claims is served by an index on a table of
+millions of rows: newest first, the status, outcome, schedule and date filters, exact search by
+key or task id, a row count capped at ``COUNT_CAP`` and a date hierarchy that probes instead of
+scanning.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections, router
+from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -34,10 +36,15 @@ from voltro_beat.contrib.display import (
     capped,
     colour,
     instant_text,
+    json_text,
     lag,
+    liveness,
+    offset_text,
     seconds_text,
 )
-from voltro_beat.contrib.django.models import Claim, Run, Schedule
+from voltro_beat.contrib.django.models import Claim, Replica, Run, Schedule
+from voltro_beat.replicas import Replica as Summary
+from voltro_beat.replicas import lives
 from voltro_beat.store.reads import SCHEDULE_NAMES_SQL
 
 
@@ -70,8 +77,8 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     # Only the order an index serves; sorting a million rows by another column would not be.
-    sortable_by = ("scheduled",)
-    date_hierarchy = "scheduled_at"
+    sortable_by: tuple[str, ...] = ("scheduled",)
+    date_hierarchy: str | None = "scheduled_at"
 
     scheduled = _instant("scheduled_at", "scheduled at")
 
@@ -104,12 +111,12 @@ class ScheduleFilter(admin.SimpleListFilter):
         return queryset if value is None else queryset.filter(schedule=value)
 
 
-def _badge(status: str) -> SafeString:
+def _badge(text: str, background: str) -> SafeString:
     return format_html(
         '<span style="background:{};color:#fff;border-radius:4px;padding:1px 7px;'
         'white-space:nowrap">{}</span>',
-        colour(status),
-        status,
+        background,
+        text,
     )
 
 
@@ -156,7 +163,7 @@ class RunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: Run) -> SafeString:
-        return _badge(run.status)
+        return _badge(run.status, colour(run.status))
 
     @admin.display(description="publish lag")
     def publish_lag(self, run: Run) -> str:
@@ -213,6 +220,73 @@ class ClaimAdmin(ReadOnlyAdmin):
     list_filter = ("schedule", "replica", ("scheduled_at", admin.DateFieldListFilter))
     search_fields = ("id__exact",)
     search_help_text = "A whole occurrence key."
+
+
+@admin.register(Replica)
+class ReplicaAdmin(ReadOnlyAdmin):
+    """The replica registry: who runs, since when, on which clock, with which schedules. A
+    replica is live while its last heartbeat is younger than its publish timeout, on the
+    database's clock."""
+
+    list_display = (
+        "name",
+        "live",
+        "host",
+        "pid",
+        "version",
+        "started",
+        "seen",
+        "clock",
+        "offset",
+        "schedules_digest",
+    )
+    readonly_fields = ("live", "started", "seen", "clock", "offset", "settings_text", "map_text")
+    fields = (
+        "name",
+        "live",
+        "host",
+        "pid",
+        "version",
+        "started",
+        "seen",
+        "clock",
+        "offset",
+        "settings_text",
+        "schedules_digest",
+        "map_text",
+    )
+    sortable_by = ()
+    date_hierarchy = None
+    search_fields = ("name__exact", "host__exact")
+    search_help_text = "A whole replica name or host."
+    started = _instant("started_at", "started at")
+    seen = _instant("last_seen", "last seen")
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        # The database's clock, read with the rows: a replica's liveness is judged on the
+        # clock its heartbeats were written on, not on the admin host's.
+        return super().get_queryset(request).annotate(database_now=Now())
+
+    @admin.display(description="state")
+    def live(self, replica: Replica) -> SafeString:
+        alive = lives(Summary.of(replica), replica.database_now)
+        return _badge(*liveness(alive))
+
+    @admin.display(description="clock")
+    def clock(self, replica: Replica) -> str:
+        return str(Summary.of(replica).settings.get("clock", "-"))
+
+    @admin.display(description="clock offset")
+    def offset(self, replica: Replica) -> str:
+        return offset_text(replica.clock_offset)
+
+    @admin.display(description="settings")
+    def settings_text(self, replica: Replica) -> SafeString:
+        return format_html("<pre style='margin:0'>{}</pre>", json_text(replica.settings))
+
+    @admin.display(description="schedules (name: definition hash)")
+    def map_text(self, replica: Replica) -> SafeString:
+        return format_html("<pre style='margin:0'>{}</pre>", json_text(replica.schedules))
 
 
 @admin.register(Schedule)

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from voltro_beat.contrib.display import OUTCOMES
 from voltro_beat.status import Status
-from voltro_beat.store.tables import CLAIMS, RUNS
+from voltro_beat.store.tables import CLAIMS, REPLICAS, RUNS
 
 _PERIODS = ("year", "month", "day")
 
@@ -127,3 +127,28 @@ class Claim(models.Model):
 
     def __str__(self) -> str:
         return str(self.id)
+
+
+class Replica(models.Model):
+    """A row of ``_voltro_beat_replicas``: a beat replica that runs or ran recently (a replica
+    that stops deletes its row)."""
+
+    name = models.TextField(primary_key=True)
+    host = models.TextField()
+    pid = models.IntegerField()
+    version = models.TextField()
+    started_at = models.DateTimeField("started at")
+    last_seen = models.DateTimeField("last seen")
+    clock_offset = models.FloatField("clock offset", null=True)
+    settings = models.TextField()
+    schedules = models.TextField()
+    schedules_digest = models.TextField("schedules digest")
+
+    class Meta:
+        managed = False
+        db_table = REPLICAS
+        ordering = ("-last_seen", "name")
+        default_permissions = ("view",)
+
+    def __str__(self) -> str:
+        return str(self.name)

@@ -12,6 +12,12 @@ or run ``voltro-beat admin --store URL`` (:mod:`voltro_beat.contrib.sqladmin.ser
 server of its own. Every view is read-only: creating, editing and deleting are refused (403).
 """
 
-from voltro_beat.contrib.sqladmin.views import ClaimAdmin, RunAdmin, SchedulesView, add_views
+from voltro_beat.contrib.sqladmin.views import (
+    ClaimAdmin,
+    ReplicaAdmin,
+    RunAdmin,
+    SchedulesView,
+    add_views,
+)
 
-__all__ = ["ClaimAdmin", "RunAdmin", "SchedulesView", "add_views"]
+__all__ = ["ClaimAdmin", "ReplicaAdmin", "RunAdmin", "SchedulesView", "add_views"]

@@ -1,4 +1,4 @@
-"""Read-only sqladmin views: runs, claims, and the schedules overview.
+"""Read-only sqladmin views: runs, claims, replicas, and the schedules overview.
 
 The same columns, filters and rules as the Django admin (:mod:`voltro_beat.contrib.django`):
 newest first, filters by status, outcome, schedule and period, exact search by key or task
@@ -30,9 +30,12 @@ from voltro_beat.contrib.display import (
     capped,
     colour,
     instant_text,
+    json_text,
+    liveness,
+    offset_text,
     seconds_text,
 )
-from voltro_beat.contrib.sqladmin.models import Claim, Run
+from voltro_beat.contrib.sqladmin.models import Claim, Replica, Run
 from voltro_beat.status import Status
 from voltro_beat.store.reads import SCHEDULE_NAMES_SQL
 
@@ -40,10 +43,14 @@ from voltro_beat.store.reads import SCHEDULE_NAMES_SQL
 ALL = "__all"
 
 
-def _badge(run: Any, _attribute: Any) -> Markup:
+def _badge(text: str, background: str) -> Markup:
     return Markup('<span class="badge text-white" style="background:{}">{}</span>').format(
-        colour(run.status), run.status
+        background, text
     )
+
+
+def _status(run: Any, _attribute: Any) -> Markup:
+    return _badge(run.status, colour(run.status))
 
 
 def _seconds(run: Any, attribute: Any) -> str:
@@ -162,7 +169,7 @@ class RunAdmin(_ReadOnly, model=Run):
             for at in ("scheduled", "claimed", "published", "started", "finished")
         },
     }
-    column_formatters = {"status": _badge, "publish_lag": _seconds, "duration": _seconds}
+    column_formatters = {"status": _status, "publish_lag": _seconds, "duration": _seconds}
     column_formatters_detail = {**column_formatters, "error": _error}
     column_searchable_list = ["id", "task_id"]
     column_filters = [
@@ -181,6 +188,47 @@ class ClaimAdmin(_ReadOnly, model=Claim):
     column_labels = {"id": "key", "scheduled_at": "scheduled at", "claimed_at": "claimed at"}
     column_searchable_list = ["id"]
     column_filters = [_PeriodFilter()]
+
+
+class ReplicaAdmin(_ReadOnly, model=Replica):
+    """The replica registry: a replica is live while its last heartbeat is younger than its
+    publish timeout, on the database's clock."""
+
+    name = "Replica"
+    name_plural = "Replicas"
+    icon = "fa-solid fa-server"
+    column_list = [
+        "name",
+        "live",
+        "host",
+        "pid",
+        "version",
+        "started_at",
+        "last_seen",
+        "clock_offset",
+        "schedules_digest",
+    ]
+    column_details_list = [*column_list, "settings", "schedules"]
+    column_labels = {
+        "live": "state",
+        "started_at": "started at",
+        "last_seen": "last seen",
+        "clock_offset": "clock offset",
+        "schedules_digest": "schedules digest",
+        "schedules": "schedules (name: definition hash)",
+    }
+    column_formatters = {
+        "live": lambda r, _a: _badge(*liveness(r.live)),
+        "clock_offset": lambda r, _a: offset_text(r.clock_offset),
+    }
+    column_formatters_detail = {
+        **column_formatters,
+        "settings": lambda r, _a: Markup("<pre>{}</pre>").format(json_text(r.settings)),
+        "schedules": lambda r, _a: Markup("<pre>{}</pre>").format(json_text(r.schedules)),
+    }
+    column_sortable_list = ["last_seen"]
+    column_default_sort = [("last_seen", True), ("name", False)]
+    column_searchable_list = ["name", "host"]
 
 
 class SchedulesView(BaseView):
@@ -242,7 +290,7 @@ def _recent(session: Any, schedule: str) -> list[overview.Recent]:
 
 
 def add_views(admin: Admin, *, celery_app: str | None = None) -> None:
-    """Add the runs, claims and schedules views to ``admin``.
+    """Add the runs, claims, replicas and schedules views to ``admin``.
 
     ``celery_app`` (``"proj.celery:app"``) lets the schedules view show each entry's next
     occurrences from the app's ``beat_schedule``.
@@ -254,5 +302,5 @@ def add_views(admin: Admin, *, celery_app: str | None = None) -> None:
     SchedulesView.session_maker = admin.session_maker
     SchedulesView.is_async = admin.is_async
     SchedulesView.celery_app = celery_app
-    for view in (RunAdmin, ClaimAdmin, SchedulesView):
+    for view in (RunAdmin, ClaimAdmin, ReplicaAdmin, SchedulesView):
         admin.add_view(view)
