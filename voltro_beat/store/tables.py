@@ -1,4 +1,4 @@
-"""The two tables voltro_beat owns, as SQLAlchemy Core metadata.
+"""The tables voltro_beat owns (claims, runs, the replica registry) as SQLAlchemy Core metadata.
 
 ``_voltro_schedule_claims`` is the short fence (pruned fast); ``_voltro_schedule_runs`` is the
 run ledger and the long fence: both are keyed by the occurrence key (guarantee 4). Status
