@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,7 +86,16 @@ def table_rows(page: str) -> list[str]:
     return [" ".join(html.unescape(re.sub(r"<[^>]+>", " ", row)).split()) for row in rows]
 
 
-def replica_lines(page: str, names: Sequence[str]) -> dict[str, str]:
-    """The row text of each replica in ``names`` on a replicas list ``page``."""
-    rows = table_rows(page)
-    return {name: next(r for r in rows if f" {name} " in f" {r} ") for name in names}
+def check_replicas(listed: str, detail: str, live: Any, gone: Any) -> None:
+    """A replicas list page shows ``live`` then ``gone`` (the one seen last first) with their
+    state, host, pid, clock offset and digest; ``live``'s page its settings and schedules."""
+    rows = table_rows(listed)
+    lines = {r.name: next(t for t in rows if f" {r.name} " in f" {t} ") for r in (live, gone)}
+    for replica, state in ((live, "live"), (gone, "gone")):
+        line = lines[replica.name]
+        assert line.split()[:4] == [replica.name, state, replica.host, str(replica.pid)], line
+        assert f"{replica.clock_offset:+.3f} s {replica.schedules_digest}" in line, line
+    assert listed.index(live.name) < listed.index(gone.name)
+    text = html.unescape(detail)
+    for name, value in live.settings.items():
+        assert f'"{name}": {json.dumps(value)}' in text, name

@@ -241,20 +241,7 @@ class ReplicaAdmin(ReadOnlyAdmin):
         "schedules_digest",
     )
     readonly_fields = ("live", "started", "seen", "clock", "offset", "settings_text", "map_text")
-    fields = (
-        "name",
-        "live",
-        "host",
-        "pid",
-        "version",
-        "started",
-        "seen",
-        "clock",
-        "offset",
-        "settings_text",
-        "schedules_digest",
-        "map_text",
-    )
+    fields = (*list_display, "settings_text", "map_text")
     sortable_by = ()
     date_hierarchy = None
     search_fields = ("name__exact", "host__exact")
