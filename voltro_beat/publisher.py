@@ -305,6 +305,8 @@ class Publisher:
         # A fresh dict per message: the entry's own options are never mutated.
         options: dict[str, Any] = dict(entry.options)
         headers = dict(options.pop("headers", None) or {})
+        # As celery.beat.Scheduler.apply_async marks what beat sends.
+        headers["celery_beat_task"] = True
         headers["voltro_occurrence"] = key
         headers["periodic_task_name"] = entry.name
         options["headers"] = headers
@@ -312,13 +314,13 @@ class Publisher:
         # kombu's retry publishes again on a new connection, whose confirms nobody waits for.
         options.setdefault("retry", self._confirms is None)
         options.setdefault("retry_policy", RETRY_POLICY)
+        # Celery's beat sends the arguments as a list, whether the entry gave a list or a tuple.
+        args = list(entry.args)
         task = self.app.tasks.get(entry.task)
         if task is not None:
-            task.apply_async(entry.args, dict(entry.kwargs), producer=producer, **options)
+            task.apply_async(args, dict(entry.kwargs), producer=producer, **options)
         else:
-            self.app.send_task(
-                entry.task, entry.args, dict(entry.kwargs), producer=producer, **options
-            )
+            self.app.send_task(entry.task, args, dict(entry.kwargs), producer=producer, **options)
 
     def prepare(self, entries: Sequence[Entry]) -> None:
         """Build the message templates ahead of the first occurrence, off the firing path.
