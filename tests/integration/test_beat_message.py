@@ -10,6 +10,7 @@ When a Celery release changes its beat message, this test fails rather than user
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import uuid
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from celery.beat import ScheduleEntry, Scheduler
+from celery.beat import BeatLazyFunc, ScheduleEntry, Scheduler
 from kombu import Exchange, Queue
 
 from voltro_beat.occurrences import task_id_for
@@ -41,6 +42,9 @@ QUEUES = (DEFAULT, OPTS, ROUTED, BOUND, EXPIRING)
 def registered(*args: Any, **kwargs: Any) -> None:
     return None
 
+
+#: A BeatLazyFunc is called at each send: a count shows it.
+LAZY = BeatLazyFunc(next, itertools.count())
 
 #: name -> (beat_schedule entry without its schedule, the queue its message lands in)
 CASES: dict[str, tuple[dict[str, Any], str]] = {
@@ -64,6 +68,10 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "task_routes": ({"task": "bm.routed", "args": [3]}, ROUTED),
     "expiring_queue": ({"task": "bm.registered", "options": {"queue": EXPIRING}}, EXPIRING),
+    "lazy_args": (
+        {"task": "bm.registered", "args": [BeatLazyFunc(len, "abc")], "kwargs": {"k": LAZY}},
+        DEFAULT,
+    ),
 }
 
 #: Only pickle carries Python objects; the issue's example (a list holding a timedelta).
@@ -78,8 +86,8 @@ def path_of(template: object) -> str:
 
 
 def expected_path(broker: str, case: str) -> str:
-    if case.startswith("expires"):
-        return "celery"  # the expiry is computed at send time
+    if case.startswith("expires") or case == "lazy_args":
+        return "celery"  # the expiry, the lazy values are computed at send time
     if broker == "redis" and case != "expiring_queue":
         return "redis payload"
     return "kombu replay"
@@ -215,4 +223,11 @@ def test_message_equals_celery_beats_own(
         # Both are "now + 1 h" at their own send time.
         for message in (reference, ours):
             assert datetime.fromisoformat(message["headers"].pop("expires")).tzinfo is not None
+    if case == "lazy_args":
+        # Called again for our message: the next count.
+        assert ours.pop("body") != reference.pop("body")
+        sent = reference["headers"].pop("kwargsrepr")
+        count = int(sent.removeprefix("{'k': ").removesuffix("}"))
+        assert ours["headers"].pop("kwargsrepr") == f"{{'k': {count + 1}}}"
+        assert ours["headers"]["argsrepr"] == "[3]"
     assert ours == reference
