@@ -405,6 +405,14 @@ def _custom_spec(value: Any, base: Any, entry: str) -> CustomSpec:
         while len(walked) < _PROBE_STEPS and walked[-1] is not None:
             walked.append(walk(walked[-1]))
         again = step(_PROBE)
+        found = [instant for instant in walked if instant is not None]
+        # Every replica walks from its own history: from anywhere between two instants the
+        # walk must reach the same next one, or replicas started apart would disagree.
+        midway = [
+            (earlier + (later - earlier) / 2, later)
+            for earlier, later in itertools.pairwise([_PROBE, *found])
+        ]
+        reached = [(between, later, walk(between)) for between, later in midway]
     except ConfigurationError:
         raise
     except Exception as exc:
@@ -423,19 +431,14 @@ def _custom_spec(value: Any, base: Any, entry: str) -> CustomSpec:
             "next_after(after) method that depends on `after` only",
             **_at(entry, "schedule"),
         )
-    found = [instant for instant in walked if instant is not None]
-    for earlier, later in itertools.pairwise([_PROBE, *found]):
-        # Every replica walks from its own history: from anywhere between two instants the
-        # walk must reach the same next one, or replicas started apart would disagree.
-        between = earlier + (later - earlier) / 2
-        if walk(between) != later:
+    for between, later, got in reached:
+        if got != later:
             raise ConfigurationError(
                 f"the schedule class {cls.__name__} gives instants that depend on where the "
-                f"walk starts: after {earlier.isoformat()} it gives {later.isoformat()}, but "
-                f"after {between.isoformat()} it gives {walk(between)!r} (such as "
-                "last_run_at + an interval); replicas started at different times would "
-                "disagree. Use an interval with an anchor, or give it a next_after(after) "
-                "method",
+                f"walk starts: its next instant is {later.isoformat()}, but walked from "
+                f"{between.isoformat()} it gives {got!r} (such as last_run_at + an interval); "
+                "replicas started at different times would disagree. Use an interval with an "
+                "anchor, or give it a next_after(after) method",
                 **_at(entry, "schedule"),
             )
     typical = found[1] - found[0] if len(found) > 1 else None

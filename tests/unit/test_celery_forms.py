@@ -90,6 +90,16 @@ class IsDueOnly(celery_schedules.BaseSchedule):
         return celery_schedules.schedstate(True, 60)
 
 
+class Naive(celery_schedules.BaseSchedule):
+    def next_after(self, after: datetime) -> datetime:
+        return datetime(2030, 1, 1)
+
+
+class Broken(celery_schedules.BaseSchedule):
+    def next_after(self, after: datetime) -> datetime:
+        raise LookupError("no flag table")
+
+
 class EveryOtherMinute(celery_schedules.crontab):
     """A crontab subclass with timing of its own: read through its methods, not its fields."""
 
@@ -125,6 +135,8 @@ def test_crontab_subclass_with_its_own_timing_is_walked() -> None:
         (WallClock(), "not deterministic"),
         (FromLastRun(), "depend on where the walk starts"),
         (IsDueOnly(), "neither next_after"),
+        (Naive(), "not an aware datetime"),
+        (Broken(), "LookupError: no flag table"),
     ],
 )
 def test_undeterministic_schedules_are_refused_naming_the_entry(
