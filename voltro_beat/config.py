@@ -104,7 +104,7 @@ class Settings:
             duplicate_guard=get(
                 "voltro_beat_duplicate_guard", "VOLTRO_BEAT_DUPLICATE_GUARD", True, _flag
             ),
-            timezone=_timezone(conf.get("timezone")),
+            timezone=_timezone(conf),
             clock=get("voltro_beat_clock", "VOLTRO_BEAT_CLOCK", None, _clock),
             max_clock_offset=get(
                 "voltro_beat_max_clock_offset",
@@ -199,7 +199,19 @@ def _flag(key: str, value: Any) -> bool:
     raise ConfigurationError(f"expected true or false, got {value!r}", field=key)
 
 
-def _timezone(value: Any) -> str | None:
-    if value is None:
-        return None
+def _timezone(conf: Mapping[str, Any]) -> str | None:
+    """The app's zone as ``Celery.timezone`` resolves it, by name (``None``: UTC).
+
+    Celery's ``conf.timezone`` accessor falls back to Django's ``TIME_ZONE``; with neither set
+    Celery uses UTC, or the host's local zone when ``enable_utc`` is off.
+    """
+    # A plain mapping (tests, tools) has no accessor: its own key is all there is.
+    value = getattr(conf, "timezone", None) or conf.get("timezone")
+    if not value:
+        if conf.get("enable_utc", True):
+            return None
+        # Celery's LocalTimezone has no name; tzlocal (a Celery dependency) reads the host's.
+        import tzlocal
+
+        return str(tzlocal.get_localzone_name())
     return str(getattr(value, "key", value))

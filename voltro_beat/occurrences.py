@@ -22,6 +22,7 @@ from voltro_beat.schedules import (
     SOLAR_EVENTS,
     SPEC_TYPES,
     ClockedSpec,
+    CustomSpec,
     IntervalSpec,
     SolarSpec,
     Spec,
@@ -147,6 +148,8 @@ def _next(spec: Spec, after: datetime) -> datetime | None:
         )
     if isinstance(spec, ClockedSpec):
         return spec.at if spec.at > after else None
+    if isinstance(spec, CustomSpec):
+        return spec.walk(after)
     return _solar_next(spec, after)
 
 

@@ -7,8 +7,8 @@ message of one schedule differs from one occurrence to the next only in its task
 occurrence key, so the publisher runs Celery's own send path **once per schedule** against a
 recording producer, keeps the exact ``Producer.publish`` call it would have made, and replays
 it for each occurrence with the ids patched in. Entries whose message depends on the publish
-time (``expires``, ``countdown``, ``eta``) and apps that listen to the publish signals go
-through Celery's full path every time.
+time (``expires``, ``countdown``, ``eta``, ``BeatLazyFunc`` arguments) and apps that listen
+to the publish signals go through Celery's full path every time.
 
 Even the replay costs kombu's per-message path (message preparation, routing, body encoding,
 delivery tag, retry wrappers). On kombu's Redis transport the publisher therefore also lets
@@ -35,6 +35,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from celery import Celery, signals
+from celery.beat import BeatLazyFunc
 from kombu import Connection, Producer
 from kombu.transport import redis as kombu_redis
 
@@ -74,6 +75,10 @@ CONFIRM_EVERY = 100
 
 #: Options whose value Celery resolves against the clock at send time.
 TIME_RELATIVE = ("expires", "countdown", "eta")
+
+
+def _evaluated(value: Any) -> Any:
+    return value() if isinstance(value, BeatLazyFunc) else value
 
 
 class _Recorder(Producer):
@@ -305,6 +310,8 @@ class Publisher:
         # A fresh dict per message: the entry's own options are never mutated.
         options: dict[str, Any] = dict(entry.options)
         headers = dict(options.pop("headers", None) or {})
+        # As celery.beat.Scheduler.apply_async marks what beat sends.
+        headers["celery_beat_task"] = True
         headers["voltro_occurrence"] = key
         headers["periodic_task_name"] = entry.name
         options["headers"] = headers
@@ -312,13 +319,15 @@ class Publisher:
         # kombu's retry publishes again on a new connection, whose confirms nobody waits for.
         options.setdefault("retry", self._confirms is None)
         options.setdefault("retry_policy", RETRY_POLICY)
+        # As Celery's beat: the arguments as a list (whether the entry gave a list or a tuple),
+        # BeatLazyFunc values called at each send.
+        args = [_evaluated(value) for value in entry.args]
+        kwargs = {name: _evaluated(value) for name, value in entry.kwargs.items()}
         task = self.app.tasks.get(entry.task)
         if task is not None:
-            task.apply_async(entry.args, dict(entry.kwargs), producer=producer, **options)
+            task.apply_async(args, kwargs, producer=producer, **options)
         else:
-            self.app.send_task(
-                entry.task, entry.args, dict(entry.kwargs), producer=producer, **options
-            )
+            self.app.send_task(entry.task, args, kwargs, producer=producer, **options)
 
     def prepare(self, entries: Sequence[Entry]) -> None:
         """Build the message templates ahead of the first occurrence, off the firing path.
@@ -361,6 +370,9 @@ class Publisher:
         task = self.app.tasks.get(entry.task)
         return not (
             any(entry.options.get(name) is not None for name in TIME_RELATIVE)
+            or any(
+                isinstance(value, BeatLazyFunc) for value in (*entry.args, *entry.kwargs.values())
+            )
             or getattr(task, "expires", None) is not None
             or self.app.conf.task_send_sent_event
             or signals.before_task_publish.receivers

@@ -8,10 +8,13 @@ when a Celery schedule object is actually given, so the occurrence maths stays C
 
 from __future__ import annotations
 
+import copy
+import functools
+import itertools
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -71,8 +74,23 @@ class ClockedSpec:
     at: datetime
 
 
-Spec = IntervalSpec | CronSpec | SolarSpec | ClockedSpec
-SPEC_TYPES = (IntervalSpec, CronSpec, SolarSpec, ClockedSpec)
+@dataclass(frozen=True, slots=True)
+class CustomSpec:
+    """A schedule class of the app's own (a ``celery.schedules.BaseSchedule`` subclass).
+
+    ``definition`` (the object's ``repr``) is what replicas compare; ``walk(after)`` is the
+    first instant strictly after ``after`` (aware UTC, whole milliseconds) or ``None``, from
+    the class's ``next_after(after)`` or its ``remaining_estimate`` asked at ``after``.
+    """
+
+    definition: str
+    walk: Callable[[datetime], datetime | None] = field(compare=False, repr=False)
+    #: The gap between the first two instants the boot check walked (None: fewer than two).
+    typical: timedelta | None = field(default=None, compare=False, repr=False)
+
+
+Spec = IntervalSpec | CronSpec | SolarSpec | ClockedSpec | CustomSpec
+SPEC_TYPES = (IntervalSpec, CronSpec, SolarSpec, ClockedSpec, CustomSpec)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +157,8 @@ def cadence(spec: Spec) -> timedelta | None:
         return cron.cadence(spec)
     if isinstance(spec, SolarSpec):
         return timedelta(days=1)
+    if isinstance(spec, CustomSpec):
+        return spec.typical
     return None
 
 
@@ -200,12 +220,13 @@ def _entry(name: object, raw: object, app_tz: str | None, max_lateness: timedelt
         raise ConfigurationError("a task name (non-empty string) is required", **_at(name, "task"))
     if "schedule" not in raw:
         raise ConfigurationError("a schedule is required", **_at(name, "schedule"))
-    if raw.get("relative", False) is not False:
+    if not isinstance(raw.get("relative", False), bool):
         raise ConfigurationError(
-            "relative=True is not supported: intervals are anchored to the Unix epoch "
-            "(or the entry's anchor), which already gives clock-aligned instants",
-            **_at(name, "relative"),
+            f"relative must be True or False, not {raw['relative']!r}", **_at(name, "relative")
         )
+    # relative=True is accepted and has no effect: Celery ignores it on crontabs, and an
+    # interval stays on its epoch (or anchor) grid, the same on every replica; where that
+    # differs from Celery's rounding is in docs/schedules.md.
     args = raw.get("args") or ()
     if not isinstance(args, list | tuple):
         raise ConfigurationError(
@@ -322,6 +343,20 @@ def _celery_spec(value: object, tz: str, entry: str) -> Spec:
     # maths must not import it.
     from celery import schedules
 
+    known = next(
+        (
+            base
+            for base in (schedules.crontab, schedules.solar, schedules.schedule)
+            if isinstance(value, base)
+        ),
+        None,
+    )
+    if not isinstance(value, schedules.BaseSchedule) or cls is schedules.BaseSchedule:
+        raise ConfigurationError(
+            f"unsupported Celery schedule type {cls.__name__}", **_at(entry, "schedule")
+        )
+    if known is None or _own_timing(cls, known):
+        return _custom_spec(value, schedules.BaseSchedule, entry)
     if isinstance(value, schedules.crontab):
         minutes, hours, days, months, weekdays = _CRONTAB_FULL
         expr = (
@@ -333,17 +368,119 @@ def _celery_spec(value: object, tz: str, entry: str) -> Spec:
         return _checked_cron(expr, tz, False, False, wildcard, entry)
     if isinstance(value, schedules.solar):
         return SolarSpec(value.event, float(value.lat), float(value.lon))
-    if isinstance(value, schedules.schedule):
-        if value.relative:
+    # schedule(relative=True) keeps the epoch grid, as the entry's relative key does.
+    return IntervalSpec(_interval_us(value.run_every, entry))
+
+
+#: How a schedule class tells its own instants: the hook voltro_beat prefers, then Celery's.
+_TIMING = ("next_after", "remaining_estimate", "is_due")
+
+#: The instant the boot check walks a custom schedule from (pure code reads no clock).
+_PROBE = datetime(2026, 1, 1, tzinfo=UTC)
+_PROBE_STEPS = 3
+
+
+def _own_timing(cls: type, known: type) -> bool:
+    """Whether a subclass of a Celery schedule computes its instants its own way."""
+    return any(getattr(cls, name, None) is not getattr(known, name, None) for name in _TIMING)
+
+
+def _custom_spec(value: Any, base: Any, entry: str) -> CustomSpec:
+    """Walk a schedule class of the app's own, refused unless its instants are deterministic."""
+    cls = type(value)
+    if callable(getattr(value, "next_after", None)):
+        step: Callable[[datetime], Any] = value.next_after
+    elif getattr(cls, "remaining_estimate", None) is not base.remaining_estimate:
+        step = functools.partial(_estimated_next, value)
+    else:
+        raise ConfigurationError(
+            f"the schedule class {cls.__name__} implements neither next_after(after) nor "
+            "remaining_estimate(last_run_at), so its instants cannot be computed",
+            **_at(entry, "schedule"),
+        )
+    walk = functools.partial(_walk, step, entry, cls.__name__)
+    try:
+        first = step(_PROBE)
+        walked = [walk(_PROBE)]
+        while len(walked) < _PROBE_STEPS and walked[-1] is not None:
+            walked.append(walk(walked[-1]))
+        again = step(_PROBE)
+        found = [instant for instant in walked if instant is not None]
+        # Every replica walks from its own history: from anywhere between two instants the
+        # walk must reach the same next one, or replicas started apart would disagree.
+        midway = [
+            (earlier + (later - earlier) / 2, later)
+            for earlier, later in itertools.pairwise([_PROBE, *found])
+        ]
+        reached = [(between, later, walk(between)) for between, later in midway]
+    except ConfigurationError:
+        raise
+    except Exception as exc:
+        raise ConfigurationError(
+            f"the schedule class {cls.__name__} failed when asked for its next instant: "
+            f"{type(exc).__name__}: {exc}",
+            **_at(entry, "schedule"),
+        ) from None
+    if again != first:
+        # Asked twice about the same instant, it answered twice differently: its answer moves
+        # with the wall clock, so two replicas would compute two different occurrences.
+        raise ConfigurationError(
+            f"the schedule class {cls.__name__} is not deterministic: asked twice for the "
+            f"instant after {_PROBE.isoformat()} it answered {first!r}, then {again!r} "
+            "(it reads the wall clock rather than its argument); give it a "
+            "next_after(after) method that depends on `after` only",
+            **_at(entry, "schedule"),
+        )
+    for between, later, got in reached:
+        if got != later:
             raise ConfigurationError(
-                "schedule(relative=True) is not supported: intervals are anchored to the Unix "
-                "epoch (or the entry's anchor), which already gives clock-aligned instants",
+                f"the schedule class {cls.__name__} gives instants that depend on where the "
+                f"walk starts: its next instant is {later.isoformat()}, but walked from "
+                f"{between.isoformat()} it gives {got!r} (such as last_run_at + an interval); "
+                "replicas started at different times would disagree. Use an interval with an "
+                "anchor, or give it a next_after(after) method",
                 **_at(entry, "schedule"),
             )
-        return IntervalSpec(_interval_us(value.run_every, entry))
-    raise ConfigurationError(
-        f"unsupported Celery schedule type {type(value).__name__}", **_at(entry, "schedule")
-    )
+    typical = found[1] - found[0] if len(found) > 1 else None
+    return CustomSpec(repr(value), walk, typical)
+
+
+def _estimated_next(schedule: Any, after: datetime) -> datetime:
+    """``after`` plus the schedule's ``remaining_estimate(after)``, with its clock at ``after``.
+
+    Celery's schedules read "now" through ``self.now()`` (``nowfun``): a copy whose clock
+    stands at ``after`` answers what the schedule would say at that instant.
+    """
+    pinned = copy.copy(schedule)
+    pinned.nowfun = lambda: after
+    remaining = pinned.remaining_estimate(after)
+    if not isinstance(remaining, timedelta):
+        raise TypeError(f"remaining_estimate returned {remaining!r}, not a timedelta")
+    return after + remaining
+
+
+def _walk(
+    step: Callable[[datetime], Any], entry: str, cls: str, after: datetime
+) -> datetime | None:
+    """``step(after)`` checked: aware, strictly later, raised to the whole millisecond."""
+    found = step(after)
+    if found is None:
+        return None
+    if not isinstance(found, datetime) or found.utcoffset() is None:
+        raise ConfigurationError(
+            f"the schedule class {cls} gave {found!r}, not an aware datetime or None",
+            **_at(entry, "schedule"),
+        )
+    us = (found - cron.EPOCH) // cron.MICROSECOND
+    us += -us % 1000  # up, not down: the instant must stay after `after`
+    instant = cron.EPOCH + timedelta(microseconds=us)
+    if instant <= after:
+        raise ConfigurationError(
+            f"the schedule class {cls} gave {found.isoformat()}, not after "
+            f"{after.isoformat()}: its next instant must be strictly later",
+            **_at(entry, "schedule"),
+        )
+    return instant.astimezone(UTC)
 
 
 # Every value of a crontab field (minute, hour, day of month, month, day of week): "*".

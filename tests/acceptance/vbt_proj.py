@@ -41,9 +41,13 @@ def exec_connection() -> psycopg.Connection[Any]:
 
 @app.task(bind=True, name="vbt_proj.record")
 def record(self: Task) -> None:
-    """Write this execution, with the voltro headers as the worker sees them and whether the
-    broker flagged the message as redelivered, to the table."""
-    request = self.request
+    """Write this execution to the table."""
+    write_execution(self.request)
+
+
+def write_execution(request: Any) -> None:
+    """One row of ``vbt_executions``: the voltro headers as the worker sees them and whether
+    the broker flagged the message as redelivered."""
     exec_connection().execute(
         "INSERT INTO vbt_executions"
         " (task_id, occurrence, periodic_task_name, worker_pid, executed_at, redelivered)"

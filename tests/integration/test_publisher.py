@@ -96,15 +96,7 @@ def test_replayed_message_equals_celerys_own(raw: dict[str, Any], queue: str) ->
     e = entry("e", **raw)
     key = "e@2026-01-01T10:00:00"
     tid = task_id_for(key)
-    # Celery's own path, with the same ids and headers.
-    options = dict(e.options)
-    headers = {**options.pop("headers", {}), "voltro_occurrence": key, "periodic_task_name": "e"}
-    task = app.tasks.get(e.task)
-    sender = task.apply_async if task is not None else None
-    if sender is not None:
-        sender(e.args, dict(e.kwargs), task_id=tid, headers=headers, **options)
-    else:
-        app.send_task(e.task, e.args, dict(e.kwargs), task_id=tid, headers=headers, **options)
+    send_as_celery(app, e, key)
     (expected,) = received(app, queue)
 
     publisher = Publisher(app, write_timeout=timedelta(seconds=30))
@@ -171,15 +163,23 @@ def pop_lists(url: str) -> dict[bytes, list[Any]]:
 
 
 def send_as_celery(app: Celery, e: Entry, key: str) -> None:
-    """Celery's own send path with the ids and headers the publisher gives this occurrence."""
+    """Celery's own send path as its beat takes it (arguments as a list, the
+    ``celery_beat_task`` header), with the ids and headers the publisher gives this occurrence.
+    test_beat_message compares with Celery's beat itself."""
     options = dict(e.options)
-    headers = {**options.pop("headers", {}), "voltro_occurrence": key, "periodic_task_name": e.name}
+    headers = {
+        **options.pop("headers", {}),
+        "celery_beat_task": True,
+        "voltro_occurrence": key,
+        "periodic_task_name": e.name,
+    }
     task = app.tasks.get(e.task)
     tid = task_id_for(key)
+    args = list(e.args)
     if task is not None:
-        task.apply_async(e.args, dict(e.kwargs), task_id=tid, headers=headers, **options)
+        task.apply_async(args, dict(e.kwargs), task_id=tid, headers=headers, **options)
     else:
-        app.send_task(e.task, e.args, dict(e.kwargs), task_id=tid, headers=headers, **options)
+        app.send_task(e.task, args, dict(e.kwargs), task_id=tid, headers=headers, **options)
 
 
 @pytest.mark.redis

@@ -67,3 +67,25 @@ def test_bad_values_name_the_setting(conf: dict[str, object], setting: str) -> N
         Settings.from_config(conf, environ={})
     assert info.value.field == setting
     assert setting in str(info.value)
+
+
+def test_timezone_as_celery_resolves_it() -> None:
+    from celery import Celery
+
+    app = Celery("tz", set_as_current=False)
+    assert Settings.from_config(app.conf, environ={}).timezone is None  # UTC
+    app.conf.timezone = "Europe/Berlin"
+    assert Settings.from_config(app.conf, environ={}).timezone == "Europe/Berlin"
+    # Django's setting name, read by Celery's conf.timezone accessor when timezone is unset.
+    django_style = Celery("tz", set_as_current=False)
+    django_style.conf.update(TIME_ZONE="US/Pacific")
+    assert Settings.from_config(django_style.conf, environ={}).timezone == "US/Pacific"
+
+
+def test_enable_utc_off_without_timezone_is_the_hosts_zone() -> None:
+    import tzlocal
+    from celery import Celery
+
+    app = Celery("tz", set_as_current=False)
+    app.conf.enable_utc = False
+    assert Settings.from_config(app.conf, environ={}).timezone == tzlocal.get_localzone_name()
