@@ -1,4 +1,5 @@
-"""Catch-up after downtime: what to do, at boot, with occurrences no replica handled.
+"""Catch-up after downtime: what to do, at boot, with occurrences no replica handled (and
+which occurrence an external trigger's late arrival stands for).
 
 Pure: the scheduler passes the newest occurrence the store remembers for a schedule and the
 current instant (on the database clock), and records the occurrences :func:`plan` returns
@@ -56,6 +57,13 @@ def plan(entry: Entry, last: datetime | None, now: datetime) -> Plan:
         Occurrence.of(entry.name, entry.task, at, deadline=at + lateness) for at in instants[cut:]
     ]
     return Plan(missed + published, unrecorded_until)
+
+
+def last_due(entry: Entry, at: datetime) -> datetime | None:
+    """The occurrence an external trigger arriving at ``at`` stands for: the newest one at or
+    before ``at``, if it is at most ``entry.max_lateness`` before it; else ``None``."""
+    instants, _ = newest(entry, at - entry.max_lateness - timedelta(microseconds=1), at, 1)
+    return instants[-1] if instants else None
 
 
 def newest(

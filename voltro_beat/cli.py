@@ -254,6 +254,84 @@ def admin(store_url: str, host: str, port: int, no_auth: bool, celery_app: str |
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
+#: Exit codes of ``voltro-beat trigger`` besides 0 (published, or claimed before) and 1.
+EXIT_TOO_FAR = 3
+EXIT_NOT_PUBLISHED = 4
+
+
+def _celery_app_option(command: Callable[..., None]) -> Callable[..., None]:
+    return click.option(
+        "-A",
+        "--celery-app",
+        "celery_app",
+        envvar="VOLTRO_BEAT_CELERY_APP",
+        required=True,
+        help='The Celery app ("proj.celery:app") whose beat_schedule holds the entry '
+        "(env VOLTRO_BEAT_CELERY_APP).",
+    )(command)
+
+
+@main.command()
+@click.argument("name")
+@_celery_app_option
+def trigger(name: str, celery_app: str) -> None:
+    """Fire the external entry NAME now (for a platform's scheduler: a CronJob's command).
+
+    The arrival snaps back to the newest occurrence at or before it on the database's clock;
+    that occurrence is claimed whatever the coordination and published once. A second trigger
+    for it publishes nothing and exits 0. Exit 3: further than the entry's max_lateness from
+    any occurrence; exit 4: claimed but not published (recovery republishes it).
+    """
+    from voltro_beat.trigger import NotExternal, NotPublished, TooFar, Trigger
+
+    with _errors():
+        fire = Trigger.for_app(celery_app)
+        try:
+            fired = fire.fire(name)
+        except NotExternal as exc:
+            raise click.ClickException(str(exc)) from None
+        except TooFar as exc:
+            click.echo(f"Error: {exc}", err=True)
+            raise SystemExit(EXIT_TOO_FAR) from None
+        except NotPublished as exc:
+            click.echo(f"Error: {exc}", err=True)
+            raise SystemExit(EXIT_NOT_PUBLISHED) from None
+        finally:
+            fire.close()
+    o = fired.occurrence
+    if fired.published:
+        click.echo(f"{o.key}: published (task id {o.task_id})")
+    else:
+        click.echo(f"{o.key}: claimed already, nothing published")
+
+
+@main.command("serve-trigger")
+@_celery_app_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8001, show_default=True, type=click.IntRange(1, 65535))
+def serve_trigger(celery_app: str, host: str, port: int) -> None:
+    """Serve POST /trigger/<name>: the external trigger over HTTP, behind a bearer token.
+
+    The token is VOLTRO_BEAT_TRIGGER_TOKEN, or the contents of the file
+    VOLTRO_BEAT_TRIGGER_TOKEN_FILE names; without one the command refuses to start.
+    """
+    try:
+        import uvicorn
+
+        from voltro_beat.contrib import trigger_endpoint
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the endpoint needs the trigger extra: pip install 'voltro-beat[trigger]' ({exc})"
+        ) from None
+    from voltro_beat.trigger import Trigger
+
+    with _errors():
+        token = trigger_endpoint.token_from_environment()
+        app = trigger_endpoint.create_app(Trigger.for_app(celery_app), token)
+    click.echo(f"voltro_beat trigger endpoint on http://{host}:{port}/trigger/<name>")
+    uvicorn.run(app, host=host, port=port, log_level="info")
+
+
 def _stamp(at: datetime | None) -> str:
     return "" if at is None else f"{at:%Y-%m-%d %H:%M:%S.%f}"[:-3]
 

@@ -3,12 +3,24 @@
 ``advisory_lock`` (the default) sends each key through the claims table: only the replica
 whose INSERT went in publishes (guarantee 2). ``single`` trusts that one beat runs and skips
 the claims table; its run rows are still the last fence (guarantee 4). Each mode names the
-``coordination_outcome`` its run rows carry.
+``coordination_outcome`` its run rows carry; an external trigger (``voltro-beat trigger``)
+always goes through the claims table, whatever the mode, and records ``external``.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+
+
+class Outcome(StrEnum):
+    """The ``coordination_outcome`` of a run row: how the occurrence came to be recorded."""
+
+    #: Recorded without claims (``single`` coordination).
+    SINGLE = "single"
+    #: Won in the claims table by a beat replica (``advisory_lock``).
+    WON_LOCK = "won_lock"
+    #: Won in the claims table by an external trigger (a platform's scheduler).
+    EXTERNAL = "external"
 
 
 class Coordination(StrEnum):
@@ -23,12 +35,12 @@ class Coordination(StrEnum):
         return self is not Coordination.SINGLE
 
     @property
-    def outcome(self) -> str:
+    def outcome(self) -> Outcome:
         """The ``coordination_outcome`` of the run rows this mode records."""
         return _OUTCOMES[self]
 
 
-_OUTCOMES = {Coordination.SINGLE: "single", Coordination.ADVISORY_LOCK: "won_lock"}
+_OUTCOMES = {Coordination.SINGLE: Outcome.SINGLE, Coordination.ADVISORY_LOCK: Outcome.WON_LOCK}
 
 #: Spellings from the specification this project implements, accepted in settings.
 ALIASES = {"advisoryLock": Coordination.ADVISORY_LOCK, "wonLock": Coordination.ADVISORY_LOCK}

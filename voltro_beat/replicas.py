@@ -90,6 +90,9 @@ def definition_hash(entry: Entry) -> str:
         entry.on_overlap,
         str(entry.overlap_timeout),
     ]
+    if entry.trigger != "beat":
+        # Appended only when set, so that the hashes of every other entry stay as they were.
+        parts.append(entry.trigger)
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
 
 

@@ -282,7 +282,9 @@ class VoltroScheduler(beat.Scheduler):
         self._membership.join()
         self._next_heartbeat = self._clock.now() + self._membership.interval
         now = self._clock.now()
-        entries = list(self._entries.values())
+        # An external entry is fired by `voltro-beat trigger` alone: no timer, no catch-up
+        # (its untriggered occurrences stay gaps in the ledger).
+        entries = [e for e in self._entries.values() if e.trigger == "beat"]
         last = self._store.last_scheduled([e.name for e in entries])
         backfill: list[Occurrence] = []
         for entry in entries:

@@ -26,6 +26,8 @@ from voltro_beat.exceptions import ConfigurationError
 MAX_NAME_LENGTH = 200
 CATCH_UP_MODES = ("latest", "skip", "all")
 OVERLAP_MODES = ("allow", "skip", "queue")
+#: Who fires an entry: beat's own timers, or ``voltro-beat trigger`` (a platform's scheduler).
+TRIGGERS = ("beat", "external")
 
 # Celery's solar tables (celery.schedules.solar._methods/_horizons/_use_center_l), copied so
 # the occurrence maths needs no Celery import; a unit test fails if Celery's ever change.
@@ -107,6 +109,8 @@ class Entry:
     catch_up: str
     on_overlap: str
     overlap_timeout: timedelta | None
+    #: ``beat`` or ``external``: an external entry is fired only by ``voltro-beat trigger``.
+    trigger: str = "beat"
 
 
 def to_spec(
@@ -184,7 +188,17 @@ def check_name(name: object) -> str:
 
 
 _CELERY_KEYS = {"task", "schedule", "args", "kwargs", "options", "relative"}
-_VOLTRO_KEYS = {"tz", "anchor", "max_lateness", "catch_up", "on_overlap", "overlap_timeout"}
+_VOLTRO_KEYS = {
+    "tz",
+    "anchor",
+    "max_lateness",
+    "catch_up",
+    "on_overlap",
+    "overlap_timeout",
+    "trigger",
+}
+#: What only beat's own firing does: refused on an external entry rather than ignored.
+_BEAT_ONLY = ("catch_up", "on_overlap", "overlap_timeout")
 
 
 def parse_entries(
@@ -197,8 +211,9 @@ def parse_entries(
 
     Celery's keys (``task``, ``schedule``, ``args``, ``kwargs``, ``options``, ``relative``)
     plus voltro's (``tz``, ``anchor``, ``max_lateness``, ``catch_up``, ``on_overlap``,
-    ``overlap_timeout``); any other key is an error, so typos do not pass silently. ``tz`` is
-    the app's timezone and ``max_lateness`` the default for entries that set none.
+    ``overlap_timeout``, ``trigger``); any other key is an error, so typos do not pass
+    silently. ``tz`` is the app's timezone and ``max_lateness`` the default for entries that
+    set none.
     """
     return tuple(_entry(name, raw, tz, max_lateness) for name, raw in beat_schedule.items())
 
@@ -233,6 +248,14 @@ def _entry(name: object, raw: object, app_tz: str | None, max_lateness: timedelt
             f"args must be a list or tuple, not {type(args).__name__}", **_at(name, "args")
         )
     entry_tz = app_tz if raw.get("tz") is None else raw["tz"]
+    trigger = _choice(raw.get("trigger", "beat"), TRIGGERS, name, "trigger")
+    if trigger == "external":
+        for key in _BEAT_ONLY:
+            if key in raw:
+                raise ConfigurationError(
+                    f"{key} applies to entries beat fires; this one has trigger='external'",
+                    **_at(name, key),
+                )
     return Entry(
         name=name,
         task=task,
@@ -248,6 +271,7 @@ def _entry(name: object, raw: object, app_tz: str | None, max_lateness: timedelt
             if raw.get("overlap_timeout") is None
             else _duration(raw["overlap_timeout"], name, "overlap_timeout")
         ),
+        trigger=trigger,
     )
 
 

@@ -67,6 +67,10 @@ CASES = {
     "naive-clocked-datetime": Case(
         Sched("naive-once", "datetime(2030, 1, 1, 12, 0)"), says=("'naive-once'", "naive")
     ),
+    "unknown-trigger": Case(
+        Sched("bad-trigger", '"0 * * * *"', {"trigger": '"cronjob"'}),
+        says=("'bad-trigger'", "'trigger'", "'cronjob'"),
+    ),
     "unknown-coordination": Case(
         settings={"voltro_beat_coordination": "leader"},
         says=("voltro_beat_coordination", "'leader'"),

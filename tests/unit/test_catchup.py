@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voltro_beat.catchup import MAX_BACKFILL, Plan, plan
-from voltro_beat.occurrences import occurrences_between
+from voltro_beat.catchup import MAX_BACKFILL, Plan, last_due, plan
+from voltro_beat.occurrences import next_after, occurrences_between
 from voltro_beat.schedules import parse_entries
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -148,3 +148,64 @@ def test_every_occurrence_inside_max_lateness_is_recorded_once(
     published = [o for o in made.occurrences if o.status == "claimed"]
     assert len(published) == {"all": len(got), "latest": min(1, len(got)), "skip": 0}[policy]
     assert all(o.reason == "catch_up" for o in made.occurrences if o.status == "missed")
+
+
+# --- the occurrence an external trigger's arrival stands for ------------------------------
+
+MS = timedelta(milliseconds=1)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "occurrence"),
+    [
+        (3600, datetime(2026, 3, 1, 11, 0, tzinfo=UTC)),
+        ("0 */6 * * *", datetime(2026, 3, 1, 6, 0, tzinfo=UTC)),
+        ("*/10 * * * * *", datetime(2026, 3, 1, 11, 59, 50, tzinfo=UTC)),
+    ],
+)
+def test_an_arrival_snaps_back_to_the_newest_occurrence(
+    schedule: object, occurrence: datetime
+) -> None:
+    e = entry(schedule, max_lateness=timedelta(hours=7))
+    after = next_after(e.spec, occurrence)
+    assert after is not None
+    # Exactly on the occurrence, just after it, and 1 ms before the next one: all that one.
+    assert last_due(e, occurrence) == occurrence
+    assert last_due(e, occurrence + MS) == occurrence
+    assert last_due(e, after - MS) == occurrence
+    # On the next one: the next one.
+    assert last_due(e, after) == after
+
+
+def test_an_arrival_beyond_max_lateness_stands_for_nothing() -> None:
+    occurrence = datetime(2026, 3, 1, 11, 0, tzinfo=UTC)
+    e = entry(3600, max_lateness=timedelta(minutes=10))
+    assert last_due(e, occurrence + timedelta(minutes=10)) == occurrence
+    assert last_due(e, occurrence + timedelta(minutes=10) + MS) is None
+    assert last_due(e, occurrence + timedelta(minutes=59, seconds=59)) is None
+
+
+def test_an_arrival_before_a_one_off_stands_for_nothing() -> None:
+    once = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    e = entry(once)
+    assert last_due(e, once - MS) is None
+    assert last_due(e, once + timedelta(hours=23)) == once
+    assert last_due(e, once + timedelta(days=1, milliseconds=1)) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    every_s=st.integers(min_value=1, max_value=86_400),
+    lateness_s=st.integers(min_value=1, max_value=2 * 86_400),
+    offset_ms=st.integers(min_value=0, max_value=10**10),
+)
+def test_last_due_is_the_newest_occurrence_within_max_lateness(
+    every_s: int, lateness_s: int, offset_ms: int
+) -> None:
+    e = entry(every_s, max_lateness=lateness_s)
+    arrival = NOW + timedelta(milliseconds=offset_ms)
+    found = last_due(e, arrival)
+    window = list(
+        occurrences_between(e.spec, arrival - timedelta(seconds=lateness_s), arrival + MS)
+    )
+    assert found == (window[-1] if window else None)

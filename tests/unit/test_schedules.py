@@ -241,6 +241,13 @@ def test_entry_anchor_shifts_the_interval() -> None:
     assert entry.spec == IntervalSpec(60_000_000, 1_704_067_207_000_000)
 
 
+def test_trigger_defaults_to_beat_and_may_be_external() -> None:
+    (beat,) = entries()
+    (external,) = entries(trigger="external", max_lateness=60)
+    assert (beat.trigger, external.trigger) == ("beat", "external")
+    assert external.max_lateness == timedelta(minutes=1)
+
+
 def test_entry_order_is_kept() -> None:
     names = [f"e{i}" for i in range(5, 0, -1)]
     parsed = parse_entries(
@@ -381,6 +388,15 @@ def test_timezone_must_be_a_name() -> None:
         ({"task": "t", "schedule": 1, "anchor": datetime(2024, 1, 1)}, "anchor"),
         ({"task": "t", "schedule": 1, "anchor": "2024-01-01"}, "anchor"),
         ({"task": "t", "schedule": "0 * * * *", "anchor": datetime.now(UTC)}, "anchor"),
+        ({"task": "t", "schedule": 1, "trigger": "cronjob"}, "trigger"),
+        ({"task": "t", "schedule": 1, "trigger": None}, "trigger"),
+        # Only beat's own firing does these: refused on an external entry, not ignored.
+        ({"task": "t", "schedule": 1, "trigger": "external", "catch_up": "all"}, "catch_up"),
+        ({"task": "t", "schedule": 1, "trigger": "external", "on_overlap": "skip"}, "on_overlap"),
+        (
+            {"task": "t", "schedule": 1, "trigger": "external", "overlap_timeout": 5},
+            "overlap_timeout",
+        ),
     ],
 )
 def test_bad_entry_fields(entry: dict[str, Any], field: str) -> None:

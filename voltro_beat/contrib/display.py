@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from datetime import datetime
 
-from voltro_beat.coordination import Coordination
+from voltro_beat.coordination import Outcome
 from voltro_beat.status import UNFINISHED, Status
 
 #: A list page counts at most this many rows: counting a table of millions on every page load
@@ -15,7 +15,7 @@ from voltro_beat.status import UNFINISHED, Status
 COUNT_CAP = 10_000
 
 #: Every value of ``coordination_outcome`` (the outcome filter's choices).
-OUTCOMES = tuple(mode.outcome for mode in Coordination)
+OUTCOMES = tuple(Outcome)
 
 _GREEN, _RED, _AMBER, _GREY, _BLUE = "#2e7d32", "#c62828", "#e65100", "#757575", "#1565c0"
 

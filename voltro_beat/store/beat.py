@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from voltro_beat.coordination import Coordination
+from voltro_beat.coordination import Coordination, Outcome
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.status import KEPT_BY_RETENTION, Reason, Status
 from voltro_beat.store import postgresql
@@ -61,17 +61,38 @@ class BeatStore:
         ``prune`` maps a schedule to how long its claims outlive a newer win: the winner
         deletes the older ones.
         """
+        return self._claim(
+            occurrences, coordination.claims, coordination.outcome, lease, prune or {}
+        )
+
+    def claim_external(self, occurrence: Occurrence, *, lease: timedelta) -> bool:
+        """Record ``occurrence`` for an external trigger; True if this call won it.
+
+        Always through the claims table, whatever the coordination: the duplicate comes from
+        the platform that triggers (a CronJob may start twice), not from a second replica.
+        The run row's outcome is ``external``.
+        """
+        return bool(self._claim([occurrence], True, Outcome.EXTERNAL, lease, {}))
+
+    def _claim(
+        self,
+        occurrences: Sequence[Occurrence],
+        gated: bool,
+        outcome: Outcome,
+        lease: timedelta,
+        prune: Mapping[str, timedelta],
+    ) -> set[str]:
         if not occurrences:
             return set()
-        prune = prune or {}
         if self.database.dialect == "postgresql":
-            return self._claim_postgresql(occurrences, coordination, lease, prune)
-        return self._claim_sqlite(occurrences, coordination, lease, prune)
+            return self._claim_postgresql(occurrences, gated, outcome, lease, prune)
+        return self._claim_sqlite(occurrences, gated, outcome, lease, prune)
 
     def _claim_postgresql(
         self,
         occurrences: Sequence[Occurrence],
-        coordination: Coordination,
+        gated: bool,
+        outcome: Outcome,
         lease: timedelta,
         prune: Mapping[str, timedelta],
     ) -> set[str]:
@@ -94,10 +115,10 @@ class BeatStore:
         params = {
             "rows": json.dumps(rows),
             "replica": self.replica,
-            "outcome": coordination.outcome,
+            "outcome": outcome.value,
             "lease": lease.total_seconds(),
         }
-        sql = postgresql.CLAIM if coordination.claims else postgresql.RECORD
+        sql = postgresql.CLAIM if gated else postgresql.RECORD
         # Autocommit: one statement needs no BEGIN and COMMIT round trips.
         with self.database.connect(autocommit=True) as conn:
             return {row[0] for row in conn.execute(sa.text(sql), params)}
@@ -105,7 +126,8 @@ class BeatStore:
     def _claim_sqlite(
         self,
         occurrences: Sequence[Occurrence],
-        coordination: Coordination,
+        gated: bool,
+        outcome: Outcome,
         lease: timedelta,
         prune: Mapping[str, timedelta],
     ) -> set[str]:
@@ -113,7 +135,7 @@ class BeatStore:
         with self.database.connect() as conn, conn.begin():
             now = self.database.clock()  # see _now()
             for chunk in chunks(occurrences, SQLITE_CHUNK):
-                if coordination.claims:
+                if gated:
                     rows = [
                         {
                             "id": o.key,
@@ -130,13 +152,13 @@ class BeatStore:
                         .on_conflict_do_nothing()
                         .returning(claims.c.id)
                     )
-                    gated = {row[0] for row in conn.execute(stmt)}
-                    chunk = [o for o in chunk if o.key in gated]
+                    inserted = {row[0] for row in conn.execute(stmt)}
+                    chunk = [o for o in chunk if o.key in inserted]
                     if not chunk:
                         continue
                 stmt = (
                     sqlite_insert(runs)
-                    .values([self._run_row(o, coordination, now, lease) for o in chunk])
+                    .values([self._run_row(o, outcome, now, lease) for o in chunk])
                     .on_conflict_do_nothing()
                     .returning(runs.c.id)
                 )
@@ -147,7 +169,7 @@ class BeatStore:
                     for o in chunk
                     if o.key in recorded and o.schedule in prune
                 ]
-                if coordination.claims and prunes:
+                if gated and prunes:
                     conn.execute(
                         sa.delete(claims).where(
                             claims.c.schedule == sa.bindparam("s"),
@@ -159,7 +181,7 @@ class BeatStore:
         return won
 
     def _run_row(
-        self, o: Occurrence, coordination: Coordination, now: datetime, lease: timedelta
+        self, o: Occurrence, outcome: Outcome, now: datetime, lease: timedelta
     ) -> dict[str, Any]:
         return {
             "id": o.key,
@@ -167,7 +189,7 @@ class BeatStore:
             "task": o.task,
             "task_id": o.task_id,
             "scheduled_at": o.scheduled_at,
-            "coordination_outcome": coordination.outcome,
+            "coordination_outcome": outcome.value,
             "status": o.status,
             "reason": o.reason,
             "replica": self.replica,
