@@ -38,25 +38,33 @@ class Metrics:
     def __init__(self) -> None:
         self._on: _Instruments | None = None
         self._server: Any = None
+        #: The prometheus-client registry of the instruments, once enabled.
+        self.registry: Any = None
 
     @property
     def enabled(self) -> bool:
         return self._on is not None
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Serve ``/metrics`` on ``port`` (a thread of prometheus-client's own)."""
-        from prometheus_client import CollectorRegistry, start_http_server
+    def enable(self) -> None:
+        """Count from now on, in a registry of this replica's own."""
+        from prometheus_client import CollectorRegistry
 
-        registry = CollectorRegistry()
-        self._on = _Instruments(registry)
-        self._server, _ = start_http_server(port, addr=addr, registry=registry)
+        self.registry = CollectorRegistry()
+        self._on = _Instruments(self.registry)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Count, and serve ``/metrics`` on ``port`` (a thread of prometheus-client's own)."""
+        from prometheus_client import start_http_server
+
+        self.enable()
+        self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
         logger.info("voltro_beat: metrics on http://%s:%d/metrics", addr, port)
 
     def close(self) -> None:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
-        self._server = self._on = None
+        self._server = self._on = self.registry = None
 
     # -- what the scheduler and the dispatcher report ---------------------------------------
 
