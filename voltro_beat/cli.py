@@ -570,8 +570,11 @@ def _publish(
 ) -> list[str]:
     on_demand = OnDemand(app, settings, database, entries)
     try:
-        # A bar only where there is something to wait for (more than one broker chunk).
-        with Progress(console=Console(stderr=True), disable=len(instants) <= CHUNK) as bar:
+        # A bar only where there is something to wait for (more than one broker chunk), on a
+        # terminal.
+        console = Console(stderr=True)
+        quiet = len(instants) <= CHUNK or not console.is_terminal
+        with Progress(console=console, disable=quiet) as bar:
             task = bar.add_task(f"{entry.name}", total=len(instants))
             return on_demand.publish(
                 entry, instants, reason, progress=lambda done: bar.advance(task, done)
@@ -584,10 +587,12 @@ def _instant(text: str, option: str) -> datetime:
     """An ISO 8601 instant (naive means UTC), ``now``, or ``15m`` / ``2h`` / ``3d`` ago."""
     text = text.strip()
     ago = _AGO.match(text)
+    # Whole seconds: a window given as "2h" to "1h" starts and ends on a second.
+    current = datetime.now(UTC).replace(microsecond=0)
     if ago:
-        return datetime.now(UTC) - timedelta(**{_UNITS[ago[2]]: float(ago[1])})
+        return current - timedelta(**{_UNITS[ago[2]]: float(ago[1])})
     if text == "now":
-        return datetime.now(UTC)
+        return current
     try:
         at = datetime.fromisoformat(text)
     except ValueError:

@@ -429,6 +429,13 @@ def test_operator_reads(stores: Callable[[str], BeatStore]) -> None:
     newest, per_replica = reads.recent_claims(db, limit=2)
     assert len(newest) == 2 and per_replica == {"a": 5, "b": 2}
 
+    # An operator's backfill is late on purpose: not in beat's publish lag.
+    backfilled = occ(0, schedule="bf", reason=Reason.BACKFILL)
+    b.claim([backfilled], coordination=LOCK, lease=LEASE)
+    b.mark_published([backfilled.key])
+    (bf,) = reads.summaries(db, ["bf"], now=T0).values()
+    assert bf.counts == {"published": 1} and bf.lags == []
+
     assert reads.missing_tables(db) == []
     check = reads.check_schema(db)
     assert check.ok and check.current == check.head
@@ -436,7 +443,7 @@ def test_operator_reads(stores: Callable[[str], BeatStore]) -> None:
     if db.dialect == "postgresql":
         with db.connect(autocommit=True) as conn:
             conn.exec_driver_sql(f"ANALYZE {runs.name}")
-    assert a.row_estimates()[runs.name] == 7
+    assert a.row_estimates()[runs.name] == 8
 
 
 def test_operator_reads_of_an_empty_database(url: str) -> None:

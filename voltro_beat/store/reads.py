@@ -12,13 +12,15 @@ from typing import Any
 import sqlalchemy as sa
 
 from voltro_beat.exceptions import StoreError
-from voltro_beat.status import TERMINAL, Status
+from voltro_beat.status import TERMINAL, Reason, Status
 from voltro_beat.store.database import SQLITE_CHUNK, Database, chunks
 from voltro_beat.store.migrations import runner as migrations
 from voltro_beat.store.tables import CLAIMS, REPLICAS, RUNS, claims, runs
 
 #: The tables every command reads; a store without them needs ``voltro-beat db upgrade``.
 TABLES = (CLAIMS, RUNS, REPLICAS)
+#: The reasons of runs an operator published (``voltro-beat backfill``, ``voltro-beat run``).
+ON_DEMAND = (Reason.BACKFILL.value, Reason.MANUAL.value)
 #: The median publish lag of ``voltro-beat status`` is over this many newest published runs
 #: of each schedule (read by the schedule's index, however long the retention).
 LAG_SAMPLE = 1000
@@ -113,7 +115,7 @@ class Summary:
     last_status: str | None = None
     #: Rows by status, over every retained row.
     counts: dict[str, int] = field(default_factory=dict)
-    #: Publish lags (published_at - scheduled_at, seconds) of the newest published runs.
+    #: Publish lags (published_at - scheduled_at, seconds) of the newest runs beat published.
     lags: list[float] = field(default_factory=list)
 
     @property
@@ -129,7 +131,8 @@ class Summary:
 
 def summaries(database: Database, names: Sequence[str], *, now: datetime) -> dict[str, Summary]:
     """Each schedule's :class:`Summary`: its newest run at or before ``now``, its rows by
-    status, and the lags of its :data:`LAG_SAMPLE` newest published runs."""
+    status, and the lags of its :data:`LAG_SAMPLE` newest runs beat published (not an
+    operator's backfill or run)."""
     found = {name: Summary() for name in names}
     by_status = (
         sa.select(runs.c.schedule, runs.c.status, sa.func.count())
@@ -144,7 +147,12 @@ def summaries(database: Database, names: Sequence[str], *, now: datetime) -> dic
     )
     lags = (
         sa.select(runs.c.scheduled_at, runs.c.published_at)
-        .where(runs.c.schedule == sa.bindparam("name"), runs.c.published_at.is_not(None))
+        .where(
+            runs.c.schedule == sa.bindparam("name"),
+            runs.c.published_at.is_not(None),
+            # Beat's own lag: an operator's backfill or run is late on purpose.
+            sa.or_(runs.c.reason.is_(None), runs.c.reason.not_in(ON_DEMAND)),
+        )
         .order_by(runs.c.scheduled_at.desc())
         .limit(LAG_SAMPLE)
     )
