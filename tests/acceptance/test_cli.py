@@ -181,9 +181,20 @@ def test_run_publishes_one_occurrence_on_the_grid(scenario: Scenario) -> None:
     )
     assert again.startswith(f"Error: {key}: already recorded"), again
     assert [e.occurrence for e in dep.executions()].count(key) == 1
-    # Now, on a one-second grid, is an occurrence the replicas claimed already.
-    busy = one_line_error(cli(dep, "run", EVERY_SECOND.name, "-A", "vbt_ops_proj"))
+    # A few seconds ago, on a one-second grid: an occurrence the replicas fired already.
+    past = (now() - timedelta(seconds=3)).isoformat()
+    busy = one_line_error(cli(dep, "run", EVERY_SECOND.name, "--at", past, "-A", "vbt_ops_proj"))
     assert "already recorded" in busy
+
+    # Now: this hour's start, which the replicas fired themselves only if they booted before it.
+    hour = now().replace(minute=0, second=0, microsecond=0)
+    this_hour = occurrence_key(HOURLY.name, hour)
+    result = cli(dep, "run", HOURLY.name, "-A", "vbt_ops_proj")
+    if scenario.booted >= hour:
+        assert ok(result).startswith(f"{this_hour}: published")
+        assert dep.runs()[this_hour].reason == "manual"
+    else:
+        assert one_line_error(result).startswith(f"Error: {this_hour}: already recorded")
 
 
 def test_db_check(scenario: Scenario, tmp_path: Path) -> None:
