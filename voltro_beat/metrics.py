@@ -1,7 +1,7 @@
 """Prometheus metrics of a beat replica (the ``metrics`` extra: prometheus-client).
 
-Off unless ``voltro_beat_metrics_port`` is set: then beat serves them on that port from its
-first tick (:meth:`Metrics.serve`), from a registry of its own (never the process's global
+Off unless ``voltro_beat_metrics_port`` is set: then beat serves them on that port from boot
+(:meth:`Metrics.serve`), from a registry of its own (never the process's global
 one, which the app may use). Every counter is this replica's: sum over replicas for the
 cluster. The scheduler and the dispatcher report what happened; while metrics are off every
 report is a no-op.
@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+from voltro_beat.exceptions import ConfigurationError
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.status import Status
 
@@ -47,16 +48,25 @@ class Metrics:
 
     def enable(self) -> None:
         """Count from now on, in a registry of this replica's own."""
-        from prometheus_client import CollectorRegistry
+        try:
+            from prometheus_client import CollectorRegistry
+        except ImportError:
+            raise ConfigurationError(
+                "metrics need prometheus-client: pip install 'voltro-beat[metrics]'",
+                field="voltro_beat_metrics_port",
+            ) from None
 
         self.registry = CollectorRegistry()
         self._on = _Instruments(self.registry)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Count, and serve ``/metrics`` on ``port`` (a thread of prometheus-client's own)."""
+        """Count, and serve ``/metrics`` on ``port`` (a thread of prometheus-client's own).
+
+        Raises ConfigurationError without the ``metrics`` extra, OSError if the port is taken.
+        """
+        self.enable()
         from prometheus_client import start_http_server
 
-        self.enable()
         self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
         logger.info("voltro_beat: metrics on http://%s:%d/metrics", addr, port)
 

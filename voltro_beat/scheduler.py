@@ -139,6 +139,8 @@ class VoltroScheduler(beat.Scheduler):
         self._configure()
         if self._settings.log_json:
             logs.use_json()
+        if self._settings.metrics_port is not None:
+            self._serve_metrics(self._settings.metrics_port)
         logger.info(
             "voltro_beat: replica %s, store %s, coordination %s, %d schedules",
             self._settings.replica,
@@ -283,8 +285,6 @@ class VoltroScheduler(beat.Scheduler):
     def _boot(self) -> None:
         """Upgrade the schema, join the registry (a first reading of the database's clock),
         record catch-up per entry, and fill the heap."""
-        if self._settings.metrics_port is not None and not self._metrics.enabled:
-            self._metrics.serve(self._settings.metrics_port)
         if self._settings.migrate:
             self._store.database.upgrade()
         self._membership.join()
@@ -511,6 +511,17 @@ class VoltroScheduler(beat.Scheduler):
         if claims or runs:
             logger.info("voltro_beat: retention removed %d claims and %d runs", claims, runs)
         self._membership.registry.forget(now - FORGET_AFTER)
+
+    def _serve_metrics(self, port: int) -> None:
+        try:
+            self._metrics.serve(port)
+        except OSError as exc:
+            # Publishing matters more than its metrics: run without them, and say so.
+            logger.error(
+                "voltro_beat: cannot serve metrics on port %d, running without them: %s",
+                port,
+                exc,
+            )
 
     def _measure(self) -> None:
         """The gauges: this replica's clock offset and the tables' row estimates."""
