@@ -67,6 +67,8 @@ QUEUE_POLL = timedelta(seconds=1)
 PREPARE_MARGIN = timedelta(milliseconds=200)
 #: How often a replica deletes claims and runs past their retention.
 RETENTION_EVERY = timedelta(hours=1)
+#: How often the metrics' gauges (clock offset, table sizes) are read, when metrics are on.
+MEASURE_EVERY = timedelta(seconds=15)
 
 
 @dataclass(slots=True)
@@ -124,6 +126,7 @@ class VoltroScheduler(beat.Scheduler):
         self._next_recovery = datetime.min.replace(tzinfo=UTC)
         self._next_retention = datetime.min.replace(tzinfo=UTC)
         self._next_heartbeat = datetime.min.replace(tzinfo=UTC)
+        self._next_measure = datetime.min.replace(tzinfo=UTC)
         self._metrics = Metrics()
         # Celery builds a lazy instance for the banner: it must do no I/O.
         super().__init__(app, *args, **kwargs)
@@ -250,8 +253,6 @@ class VoltroScheduler(beat.Scheduler):
             if self._membership.beat():
                 self._requeue()
             self._next_heartbeat = clock.now() + self._membership.interval
-            if self._metrics.enabled:
-                self._measure()
         self._fire_due(clock.now())
         self._publish_ready()
         if self._queue_policy:
@@ -262,6 +263,9 @@ class VoltroScheduler(beat.Scheduler):
         if clock.now() >= self._next_retention:
             self._sweep(clock.now())
             self._next_retention = clock.now() + RETENTION_EVERY
+        if self._metrics.enabled and clock.now() >= self._next_measure:
+            self._measure()
+            self._next_measure = clock.now() + MEASURE_EVERY
         if self._store_down_since is not None:
             logger.warning("voltro_beat: store %s is reachable again", self._store.display_url)
             self._store_down_since = None
