@@ -2,21 +2,37 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import itertools
+import json
+import re
+from collections import ChainMap
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import click
+from celery import Celery
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
-from voltro_beat.config import DEFAULT_STORE_URL
-from voltro_beat.exceptions import ConfigurationError, StoreError
-from voltro_beat.occurrences import next_after, occurrence_key
+from voltro_beat.config import DEFAULT_STORE_URL, Settings
+from voltro_beat.cron import MICROSECOND
+from voltro_beat.dispatch import CHUNK
+from voltro_beat.exceptions import ConfigurationError, PublishError, StoreError
+from voltro_beat.occurrences import (
+    latest_at_or_before,
+    next_after,
+    occurrence_key,
+    occurrences_between,
+    task_id_for,
+)
+from voltro_beat.on_demand import OnDemand
 from voltro_beat.replicas import lives
-from voltro_beat.schedules import Spec, check_name, to_spec
-from voltro_beat.status import Status
+from voltro_beat.schedules import Entry, Spec, check_name, parse_entries, to_spec
+from voltro_beat.status import Reason, Status
 from voltro_beat.store import reads
 from voltro_beat.store.database import Database, hide_password
 from voltro_beat.store.migrations import runner as migrations
@@ -103,14 +119,50 @@ def _start(after: str | None, zone: str | None) -> datetime:
 
 
 def _store_option(command: Callable[..., None]) -> Callable[..., None]:
-    return click.option(
+    """``-A proj`` and ``--store URL``: the store is the app's ``voltro_beat_store_url``, else
+    ``--store``, else ``VOLTRO_BEAT_STORE_URL``, else the embedded default."""
+    command = click.option(
         "--store",
         "store_url",
         envvar="VOLTRO_BEAT_STORE_URL",
         default=DEFAULT_STORE_URL,
         show_default=True,
-        help="Store URL (env VOLTRO_BEAT_STORE_URL).",
+        callback=_app_store,
+        help="Store URL (env VOLTRO_BEAT_STORE_URL), unless the app (-A) sets one.",
     )(command)
+    return click.option(
+        "-A",
+        "--app",
+        "app_name",
+        default=None,
+        expose_value=False,
+        is_eager=True,
+        callback=_load_app,
+        help="The Celery app (proj, proj.celery:app): its voltro_beat_* settings and schedules.",
+    )(command)
+
+
+def _load_app(ctx: click.Context, _param: click.Parameter, name: str | None) -> None:
+    if name is None:
+        return
+    from celery.app.utils import find_app
+
+    try:
+        ctx.meta[_APP] = find_app(name)
+    except Exception as exc:  # whatever importing the user's module raised
+        raise click.ClickException(
+            f"cannot import the Celery app {name!r}: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _app_store(ctx: click.Context, _param: click.Parameter, url: str) -> str:
+    app = ctx.meta.get(_APP)
+    configured = None if app is None else app.conf.get("voltro_beat_store_url")
+    return str(configured) if configured else url
+
+
+#: Where ``-A`` leaves the loaded app for the command (``click.Context.meta``).
+_APP = "voltro_beat.app"
 
 
 @main.group()
@@ -147,30 +199,49 @@ def db_sql(store_url: str) -> None:
     "--status", default=None, type=click.Choice([s.value for s in Status]), help="Only this status."
 )
 @click.option("-n", "count", default=50, show_default=True, type=click.IntRange(min=1))
-def runs(store_url: str, schedule: str | None, status: str | None, count: int) -> None:
-    """Print the newest rows of the run table."""
-    with _errors():
-        database = Database.open(store_url)
-        try:
-            rows = reads.recent_runs(
-                database,
-                schedule=schedule,
-                status=None if status is None else Status(status),
-                limit=count,
-            )
-        finally:
-            database.dispose()
+@click.option("--since", default=None, help="Scheduled at or after (ISO 8601, or 15m/2h/3d ago).")
+@click.option("--until", default=None, help="Scheduled before (ISO 8601, or 15m/2h/3d ago).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per row and line.")
+def runs(
+    store_url: str,
+    schedule: str | None,
+    status: str | None,
+    count: int,
+    since: str | None,
+    until: str | None,
+    as_json: bool,
+) -> None:
+    """Print the newest rows of the run table, with each run's publish lag (published minus
+    scheduled)."""
+    with _errors(), _open(store_url) as database:
+        rows = reads.recent_runs(
+            database,
+            schedule=schedule,
+            status=None if status is None else Status(status),
+            limit=count,
+            since=None if since is None else _instant(since, "--since"),
+            until=None if until is None else _instant(until, "--until"),
+        )
+    for row in rows:
+        row["lag"] = _lag(row)
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row, default=_json_value))
+        return
     table = Table(title=f"_voltro_schedule_runs ({len(rows)} newest)")
     columns = ("id", "status", "reason", "replica", "coordination_outcome", "worker")
-    for column in (*columns, "published", "finished"):
-        table.add_column(column, no_wrap=column == "id")
+    for column in (*columns, "published", "lag s", "finished"):
+        table.add_column(
+            column, no_wrap=column == "id", justify="right" if column == "lag s" else "left"
+        )
     for row in rows:
         table.add_row(
             *(str(row[c] or "") for c in columns),
             _stamp(row["published_at"]),
+            "" if row["lag"] is None else f"{row['lag']:.3f}",
             _stamp(row["finished_at"]),
         )
-    Console(width=max(Console().width, 140)).print(table)
+    Console(width=max(Console().width, 160)).print(table)
 
 
 @main.command()
@@ -188,13 +259,9 @@ def replicas(store_url: str, max_offset: float) -> None:
     A replica is live while its last heartbeat is younger than its publish timeout; times are
     the database's clock. The clock offset is the replica's local clock minus the database's.
     """
-    with _errors():
-        database = Database.open(store_url)
-        try:
-            rows = Registry(database).everyone()
-            now = database.time()
-        finally:
-            database.dispose()
+    with _errors(), _open(store_url) as database:
+        rows = Registry(database).everyone()
+        now = database.time()
     table = Table(title=f"_voltro_beat_replicas ({len(rows)})")
     columns = ("name", "host", "pid", "version", "started", "last seen", "live", "clock")
     for column in (*columns, "offset s", "schedules"):
@@ -340,5 +407,286 @@ def _stamp(at: datetime | None) -> str:
 def _errors() -> Iterator[None]:
     try:
         yield
-    except (ConfigurationError, StoreError) as exc:
+    except (ConfigurationError, StoreError, PublishError) as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+# -- the operator's commands (docs/operations.md) -------------------------------------------
+
+#: A backfill window holding more occurrences than this is refused: narrow it.
+MAX_BACKFILL = 1_000_000
+#: Relative instants: ``15m`` is fifteen minutes before now.
+_AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+@main.command()
+@_store_option
+def status(store_url: str) -> None:
+    """One line per schedule: next occurrence, last run and its status, success rate over the
+    retained rows, median publish lag; then the replicas seen recently.
+
+    With -A proj the schedules are the app's beat_schedule (and their next occurrences);
+    without it, every schedule that has a run row.
+    """
+    app = click.get_current_context().meta.get(_APP)
+    with _errors(), _open(store_url) as database:
+        entries = {} if app is None else _entries(app, store_url)[1]
+        now = database.time()
+        names = list(entries) or reads.schedule_names(database)
+        summaries = reads.summaries(database, names, now=now)
+        replicas = Registry(database).everyone()
+    table = Table(title=f"schedules ({len(names)}) at {_stamp(now)} UTC")
+    for column in ("schedule", "next", "last run", "status", "success", "median lag s", "rows"):
+        table.add_column(column, no_wrap=True)
+    for name in names:
+        entry, summary = entries.get(name), summaries[name]
+        upcoming = None if entry is None else next_after(entry.spec, now)
+        rate, lag = summary.success_rate, summary.median_lag
+        table.add_row(
+            name,
+            _stamp(upcoming) if entry is not None else "",
+            _stamp(summary.last_at),
+            summary.last_status or "",
+            "" if rate is None else f"{rate:.1%}",
+            "" if lag is None else f"{lag:.3f}",
+            str(sum(summary.counts.values())),
+        )
+    console = Console(width=max(Console().width, 140))
+    console.print(table)
+    live = [r for r in replicas if lives(r, now)]
+    console.print(f"replicas: {len(live)} live of {len(replicas)} registered")
+    for r in replicas:
+        seen = (
+            "never" if r.last_seen is None else f"{(now - r.last_seen).total_seconds():.1f} s ago"
+        )
+        console.print(
+            f"  {r.name} ({r.host}, pid {r.pid}): {'live' if r in live else 'gone'}, seen {seen}"
+        )
+
+
+@main.command()
+@_store_option
+@click.option("--since", default=None, help="Claimed at or after (ISO 8601, or 15m/2h/3d ago).")
+@click.option("-n", "count", default=50, show_default=True, type=click.IntRange(min=1))
+def claims(store_url: str, since: str | None, count: int) -> None:
+    """Print the newest claims, and how many each replica holds."""
+    with _errors(), _open(store_url) as database:
+        rows, per_replica = reads.recent_claims(
+            database, since=None if since is None else _instant(since, "--since"), limit=count
+        )
+    table = Table(title=f"_voltro_schedule_claims ({len(rows)} newest)")
+    for column in ("id", "replica", "claimed"):
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        table.add_row(row["id"], row["replica"], _stamp(row["claimed_at"]))
+    console = Console(width=max(Console().width, 120))
+    console.print(table)
+    console.print(f"claims per replica: {sum(per_replica.values())} in all")
+    for replica, number in sorted(per_replica.items(), key=lambda item: (-item[1], item[0])):
+        console.print(f"  {replica}: {number}")
+
+
+@main.command()
+@_store_option
+@click.argument("name")
+@click.option("--since", required=True, help="Window start (ISO 8601, or 15m/2h/3d ago).")
+@click.option("--until", required=True, help="Window end, excluded (ISO 8601 or relative).")
+@click.option("--dry-run", is_flag=True, help="Only say what would be published.")
+@click.option("--yes", is_flag=True, help="Publish without asking.")
+def backfill(store_url: str, name: str, since: str, until: str, dry_run: bool, yes: bool) -> None:
+    """Publish the occurrences of schedule NAME in [--since, --until) that have no run row.
+
+    Each goes through the coordination gate like any occurrence beat fires (run rows with
+    reason ``backfill``): an occurrence already recorded, by beat or by an earlier backfill,
+    is never published again. Needs -A proj (the schedule and the broker).
+    """
+    app = _required_app("backfill")
+    with _errors(), _open(store_url) as database:
+        settings, entries = _entries(app, store_url)
+        entry = _entry(entries, name)
+        start, end = _instant(since, "--since"), _instant(until, "--until")
+        if end <= start:
+            raise click.ClickException(f"--until ({end}) must be after --since ({start})")
+        instants = list(
+            itertools.islice(occurrences_between(entry.spec, start, end), MAX_BACKFILL + 1)
+        )
+        if len(instants) > MAX_BACKFILL:
+            raise click.ClickException(
+                f"the window holds more than {MAX_BACKFILL:,} occurrences of {name}: narrow it"
+            )
+        recorded = reads.recorded_keys(database, name, since=start, until=end)
+        todo = [at for at in instants if occurrence_key(name, at) not in recorded]
+        click.echo(
+            f"{name}: {len(instants)} occurrences in [{start.isoformat()}, {end.isoformat()}), "
+            f"{len(instants) - len(todo)} already recorded, {len(todo)} to publish"
+        )
+        if dry_run:
+            for at in todo:
+                click.echo(occurrence_key(name, at))
+            return
+        if not todo:
+            return
+        if not yes:
+            click.confirm(f"Publish {len(todo)} occurrences of {name}?", abort=True)
+        published = _publish(app, settings, database, entries, entry, todo, Reason.BACKFILL)
+    click.echo(
+        f"{name}: published {len(published)}"
+        + (
+            f"; {len(todo) - len(published)} were recorded meanwhile"
+            if len(published) < len(todo)
+            else ""
+        )
+    )
+
+
+@main.command("run")
+@_store_option
+@click.argument("name")
+@click.option("--at", default=None, help="Instead of now (ISO 8601, or 15m/2h/3d ago).")
+def run_now(store_url: str, name: str, at: str | None) -> None:
+    """Publish one occurrence of schedule NAME: the newest at or before now (or --at).
+
+    Claimed through the coordination gate like any occurrence (run row with reason
+    ``manual``): if it is recorded already, nothing is published and the exit code is 1.
+    Needs -A proj.
+    """
+    app = _required_app("run")
+    with _errors(), _open(store_url) as database:
+        settings, entries = _entries(app, store_url)
+        entry = _entry(entries, name)
+        when = database.time() if at is None else _instant(at, "--at")
+        instant = latest_at_or_before(entry.spec, when)
+        if instant is None:
+            raise click.ClickException(f"schedule {name!r} has no occurrence at or before {when}")
+        key = occurrence_key(name, instant)
+        if not _publish(app, settings, database, entries, entry, [instant], Reason.MANUAL):
+            (row,) = reads.recent_runs(
+                database, schedule=name, since=instant, until=instant + MICROSECOND, limit=1
+            )
+            raise click.ClickException(
+                f"{key}: already recorded ({row['status']}); not published again"
+            )
+    click.echo(f"{key}: published, task id {task_id_for(key)}")
+
+
+@db.command("check")
+@_store_option
+def db_check(store_url: str) -> None:
+    """Is the schema current, and can this role read every table? Exit code 1 if not."""
+    with _errors():
+        database = Database.open(store_url)
+        try:
+            report = reads.check_schema(database)
+        finally:
+            database.dispose()
+    click.echo(f"store {hide_password(store_url)}")
+    if report.current == report.head:
+        click.echo(f"schema: {report.current} (current)")
+    else:
+        click.echo(
+            f"schema: {report.current or 'none'}, newest is {report.head}: "
+            "run `voltro-beat db upgrade`"
+        )
+    for table, error in report.tables.items():
+        click.echo(f"{table}: {'readable' if error is None else error}")
+    if not report.ok:
+        raise SystemExit(1)
+
+
+@contextmanager
+def _open(store_url: str) -> Iterator[Database]:
+    """The store, with voltro_beat's tables in it (else one line suggesting the upgrade)."""
+    database = Database.open(store_url)
+    try:
+        missing = reads.missing_tables(database)
+        if missing:
+            raise click.ClickException(
+                f"store {hide_password(store_url)} has no {', '.join(missing)}: "
+                "run `voltro-beat db upgrade`"
+            )
+        yield database
+    finally:
+        database.dispose()
+
+
+def _required_app(command: str) -> Celery:
+    app = click.get_current_context().meta.get(_APP)
+    if app is None:
+        raise click.ClickException(
+            f"{command} needs the Celery app (-A proj): its schedules and its broker"
+        )
+    return app
+
+
+def _entries(app: Celery, store_url: str) -> tuple[Settings, dict[str, Entry]]:
+    """The app's settings (with the store resolved) and its beat_schedule's entries."""
+    settings = Settings.from_config(ChainMap({"voltro_beat_store_url": store_url}, app.conf))
+    entries = parse_entries(
+        app.conf.beat_schedule or {}, tz=settings.timezone, max_lateness=settings.max_lateness
+    )
+    return settings, {entry.name: entry for entry in entries}
+
+
+def _entry(entries: Mapping[str, Entry], name: str) -> Entry:
+    if name not in entries:
+        known = ", ".join(sorted(entries)) or "none"
+        raise click.ClickException(
+            f"unknown schedule {name!r} (the app's beat_schedule has: {known})"
+        )
+    return entries[name]
+
+
+def _publish(
+    app: Celery,
+    settings: Settings,
+    database: Database,
+    entries: Mapping[str, Entry],
+    entry: Entry,
+    instants: Sequence[datetime],
+    reason: Reason,
+) -> list[str]:
+    on_demand = OnDemand(app, settings, database, entries)
+    try:
+        # A bar only where there is something to wait for (more than one broker chunk), on a
+        # terminal.
+        console = Console(stderr=True)
+        quiet = len(instants) <= CHUNK or not console.is_terminal
+        with Progress(console=console, disable=quiet) as bar:
+            task = bar.add_task(f"{entry.name}", total=len(instants))
+            return on_demand.publish(
+                entry, instants, reason, progress=lambda done: bar.advance(task, done)
+            )
+    finally:
+        on_demand.close()
+
+
+def _instant(text: str, option: str) -> datetime:
+    """An ISO 8601 instant (naive means UTC), ``now``, or ``15m`` / ``2h`` / ``3d`` ago."""
+    text = text.strip()
+    ago = _AGO.match(text)
+    # Whole seconds: a window given as "2h" to "1h" starts and ends on a second.
+    current = datetime.now(UTC).replace(microsecond=0)
+    if ago:
+        return current - timedelta(**{_UNITS[ago[2]]: float(ago[1])})
+    if text == "now":
+        return current
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.ClickException(
+            f"{option}: {text!r} is not an ISO 8601 instant (2026-01-31T12:00:00Z), "
+            "'now', or a time ago (90s, 15m, 2h, 3d)"
+        ) from None
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def _lag(row: Mapping[str, Any]) -> float | None:
+    published = row["published_at"]
+    return None if published is None else (published - row["scheduled_at"]).total_seconds()
+
+
+def _json_value(value: object) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"cannot encode {type(value).__name__}")

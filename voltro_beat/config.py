@@ -45,6 +45,10 @@ class Settings:
     clock: ClockMode | None
     #: A replica whose local clock is further than this from the database's says so.
     max_clock_offset: timedelta
+    #: Serve Prometheus metrics on this port (None: off; needs the ``metrics`` extra).
+    metrics_port: int | None = None
+    #: Beat's log lines as JSON objects, one per line.
+    log_json: bool = False
 
     @classmethod
     def from_config(
@@ -112,6 +116,8 @@ class Settings:
                 timedelta(seconds=1),
                 _duration,
             ),
+            metrics_port=get("voltro_beat_metrics_port", "VOLTRO_BEAT_METRICS_PORT", None, _port),
+            log_json=get("voltro_beat_log_json", "VOLTRO_BEAT_LOG_JSON", False, _flag),
         )
         connect = float(conf.get("broker_connection_timeout") or 4.0)
         if settings.publish_timeout.total_seconds() <= 2 * connect:
@@ -186,6 +192,16 @@ def _hours(key: str, value: Any) -> timedelta:
     if hours <= 0:
         raise ConfigurationError(f"must be positive, got {value!r}", field=key)
     return timedelta(hours=hours)
+
+
+def _port(key: str, value: Any) -> int:
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"expected a port number, got {value!r}", field=key) from None
+    if not 0 < port < 65536:
+        raise ConfigurationError(f"expected a port number (1-65535), got {value!r}", field=key)
+    return port
 
 
 def _flag(key: str, value: Any) -> bool:

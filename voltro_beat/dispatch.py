@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from voltro_beat.exceptions import PublishError, StoreError
+from voltro_beat.metrics import Metrics
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.publisher import Publisher
 from voltro_beat.schedules import Entry
@@ -58,8 +59,10 @@ class Dispatcher:
         entries: Mapping[str, Entry],
         lease: timedelta,
         now: Callable[[], datetime],
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics or Metrics()
         self.publisher = publisher
         self.entries = entries
         self.lease = lease
@@ -144,11 +147,13 @@ class Dispatcher:
             if not self.broker_down:
                 logger.warning("voltro_beat: broker unreachable, will retry: %s", exc)
             self.broker_down = True
+            self.metrics.broker_error()
             confirmed = [key for _, key, _ in messages[: exc.confirmed]]
         else:
             if self.broker_down:
                 logger.warning("voltro_beat: broker is reachable again")
             self.broker_down = False
+        self.metrics.published(occurrences[: len(confirmed)], self.now())
         return confirmed
 
     def _mark(self, keys: list[str]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 
 from voltro_beat import cron
@@ -26,10 +26,14 @@ from voltro_beat.schedules import (
     IntervalSpec,
     SolarSpec,
     Spec,
+    cadence,
     check_name,
     to_spec,
 )
 from voltro_beat.status import Status
+
+#: How far :func:`latest_at_or_before` looks back.
+_LOOK_BACK = timedelta(days=366)
 
 # Like Celery's solar.max_search_days: a polar event absent for a whole year never comes.
 _SOLAR_SEARCH_DAYS = 366
@@ -118,6 +122,23 @@ def occurrences_between(
     _require_aware(start, "start")
     _require_aware(end, "end")
     return _between(_spec(schedule, tz), start, end)
+
+
+def latest_at_or_before(schedule: object, at: datetime) -> datetime | None:
+    """The newest occurrence at or before ``at`` (``at`` snapped back to the schedule's grid);
+    ``None`` if there is none within a year before it (or one cadence, if longer)."""
+    _require_aware(at, "at")
+    spec = _spec(schedule, None)
+    # Look back one cadence at first, then twice as far each time: one step for intervals and
+    # regular crons, a few for sparse ones.
+    back = cadence(spec) or DAY
+    while True:
+        instants = list(_between(spec, at - back, at + MICROSECOND))
+        if instants:
+            return instants[-1]
+        if back > _LOOK_BACK:
+            return None
+        back *= 2
 
 
 def _require_aware(value: datetime, what: str) -> None:

@@ -26,12 +26,13 @@ from typing import Any
 
 from celery import beat
 
-from voltro_beat import catchup, dispatch, overlap
+from voltro_beat import catchup, dispatch, logs, overlap
 from voltro_beat.clock import Clock, ClockMode
 from voltro_beat.config import Settings
 from voltro_beat.dispatch import Dispatcher, Fenced
 from voltro_beat.exceptions import ConfigurationError, StoreError
 from voltro_beat.membership import FORGET_AFTER, Membership
+from voltro_beat.metrics import Metrics
 from voltro_beat.occurrences import Occurrence, next_after
 from voltro_beat.publisher import Publisher
 from voltro_beat.schedules import Entry, cadence, parse_entries
@@ -66,6 +67,8 @@ QUEUE_POLL = timedelta(seconds=1)
 PREPARE_MARGIN = timedelta(milliseconds=200)
 #: How often a replica deletes claims and runs past their retention.
 RETENTION_EVERY = timedelta(hours=1)
+#: How often the metrics' gauges (clock offset, table sizes) are read, when metrics are on.
+MEASURE_EVERY = timedelta(seconds=15)
 
 
 @dataclass(slots=True)
@@ -123,6 +126,8 @@ class VoltroScheduler(beat.Scheduler):
         self._next_recovery = datetime.min.replace(tzinfo=UTC)
         self._next_retention = datetime.min.replace(tzinfo=UTC)
         self._next_heartbeat = datetime.min.replace(tzinfo=UTC)
+        self._next_measure = datetime.min.replace(tzinfo=UTC)
+        self._metrics = Metrics()
         # Celery builds a lazy instance for the banner: it must do no I/O.
         super().__init__(app, *args, **kwargs)
 
@@ -135,6 +140,10 @@ class VoltroScheduler(beat.Scheduler):
         retries both while the store is unreachable.
         """
         self._configure()
+        if self._settings.log_json:
+            logs.use_json()
+        if self._settings.metrics_port is not None:
+            self._serve_metrics(self._settings.metrics_port)
         logger.info(
             "voltro_beat: replica %s, store %s, coordination %s, %d schedules",
             self._settings.replica,
@@ -184,7 +193,7 @@ class VoltroScheduler(beat.Scheduler):
         )
         self._publisher = Publisher(self.app, write_timeout=self._write_timeout)
         self._dispatch = Dispatcher(
-            store, self._publisher, self._entries, self._lease, self._clock.now
+            store, self._publisher, self._entries, self._lease, self._clock.now, self._metrics
         )
         self._configured = True
 
@@ -254,6 +263,9 @@ class VoltroScheduler(beat.Scheduler):
         if clock.now() >= self._next_retention:
             self._sweep(clock.now())
             self._next_retention = clock.now() + RETENTION_EVERY
+        if self._metrics.enabled and clock.now() >= self._next_measure:
+            self._measure()
+            self._next_measure = clock.now() + MEASURE_EVERY
         if self._store_down_since is not None:
             logger.warning("voltro_beat: store %s is reachable again", self._store.display_url)
             self._store_down_since = None
@@ -419,6 +431,7 @@ class VoltroScheduler(beat.Scheduler):
             entry = self._entries[name]
             if now - run.scheduled_at > entry.max_lateness:
                 self._store.mark_missed([run.key], reason=Reason.LATE, waiting=Status.QUEUED)
+                self._metrics.missed([replace(run, status=Status.MISSED, reason=Reason.LATE)])
             elif self._store.promote(run.key, lease=self._lease):
                 self._dispatch.send([run])
 
@@ -443,12 +456,14 @@ class VoltroScheduler(beat.Scheduler):
         occurrences = sorted(self._apply_overlap(occurrences, now), key=lambda o: o.key)
         for i in range(0, len(occurrences), BATCH):
             batch = occurrences[i : i + BATCH]
-            won = self._store.claim(
-                batch,
-                coordination=self._settings.coordination,
-                lease=self._lease,
-                prune=self._graces,
-            )
+            with self._metrics.claim_statement():
+                won = self._store.claim(
+                    batch,
+                    coordination=self._settings.coordination,
+                    lease=self._lease,
+                    prune=self._graces,
+                )
+            self._metrics.recorded(batch, won)
             lost = len(batch) - len(won)
             if lost:
                 logger.debug("voltro_beat: %d occurrences claimed by other replicas", lost)
@@ -474,6 +489,7 @@ class VoltroScheduler(beat.Scheduler):
         started = time.monotonic()
         while time.monotonic() - started < self._lease.total_seconds() / 2:
             expired = self._store.expire(known=self._membership.known, limit=dispatch.CHUNK)
+            self._metrics.missed(expired)
             for reason in sorted({o.reason or "" for o in expired}):
                 logger.warning(
                     "voltro_beat: %d unpublished runs past their deadline recorded missed (%s)",
@@ -487,6 +503,7 @@ class VoltroScheduler(beat.Scheduler):
             )
             if taken:
                 logger.warning("voltro_beat: republishing %d unconfirmed runs", len(taken))
+                self._metrics.republished(taken)
                 if not self._dispatch.send(taken):
                     return
             if len(expired) < dispatch.CHUNK and len(taken) < dispatch.CHUNK:
@@ -500,6 +517,23 @@ class VoltroScheduler(beat.Scheduler):
         if claims or runs:
             logger.info("voltro_beat: retention removed %d claims and %d runs", claims, runs)
         self._membership.registry.forget(now - FORGET_AFTER)
+
+    def _serve_metrics(self, port: int) -> None:
+        try:
+            self._metrics.serve(port)
+        except OSError as exc:
+            # Publishing matters more than its metrics: run without them, and say so.
+            logger.error(
+                "voltro_beat: cannot serve metrics on port %d, running without them: %s",
+                port,
+                exc,
+            )
+
+    def _measure(self) -> None:
+        """The gauges: this replica's clock offset and the tables' row estimates."""
+        offset = self._clock.offset
+        self._metrics.clock_offset(None if offset is None else offset.total_seconds())
+        self._metrics.rows(self._store.row_estimates())
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -567,6 +601,7 @@ class VoltroScheduler(beat.Scheduler):
         # before any recovery sweep of this replica republishes a run it did publish.
         now = self._clock.now()
         self._next_recovery = max(self._next_recovery, now + self._lease)
+        self._metrics.store_error()
         if self._store_down_since is None:
             self._store_down_since = now
             logger.warning("voltro_beat: publishing nothing while the store is down: %s", exc)
@@ -590,6 +625,7 @@ class VoltroScheduler(beat.Scheduler):
             self._dispatch.close()
             self._publisher.reset()
             self._store.close()
+            self._metrics.close()
 
     def _flush_ready(self) -> None:
         """Publish the occurrences claimed ahead, each at its instant, waiting at most

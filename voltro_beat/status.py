@@ -54,6 +54,10 @@ class Reason(StrEnum):
     OVERLAP = "overlap"
     #: A live run that stopped blocking its schedule after the overlap timeout.
     OVERLAP_TIMEOUT = "overlap_timeout"
+    #: Published by ``voltro-beat backfill`` (an occurrence of a past window with no run row).
+    BACKFILL = "backfill"
+    #: Published by ``voltro-beat run`` (an operator asked for it now).
+    MANUAL = "manual"
 
 
 #: Statuses no event ever leaves.

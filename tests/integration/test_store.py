@@ -21,7 +21,7 @@ from voltro_beat.store import beat as beat_module
 from voltro_beat.store import reads
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database, hide_password
-from voltro_beat.store.tables import VERSION_TABLE, metadata
+from voltro_beat.store.tables import VERSION_TABLE, metadata, runs
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
 LOCK = Coordination.ADVISORY_LOCK
@@ -394,3 +394,64 @@ def test_sweep_deletes_in_short_batches(
     assert store.sweep(
         claims_before=datetime.now(UTC) + timedelta(1), runs_before=T0 + timedelta(1)
     ) == (10, 10)
+
+
+# -- what the operator's commands read (voltro-beat status, runs, claims, backfill, db check) --
+
+
+def test_operator_reads(stores: Callable[[str], BeatStore]) -> None:
+    a, b = stores("a"), stores("b")
+    a.claim([occ(n) for n in range(4)], coordination=LOCK, lease=LEASE)
+    b.claim([occ(n) for n in range(4, 6)], coordination=LOCK, lease=LEASE)
+    a.claim([occ(6, status=Status.MISSED, reason=Reason.LATE)], coordination=LOCK, lease=LEASE)
+    a.mark_published([occ(n).key for n in range(3)])
+    with a.database.connect() as conn, conn.begin():
+        conn.execute(
+            sa.update(runs).where(runs.c.id == occ(0).key).values(status=Status.SUCCEEDED.value)
+        )
+    db = a.database
+
+    (summary,) = reads.summaries(db, ["s"], now=T0 + timedelta(seconds=5)).values()
+    assert summary.last_at == T0 + timedelta(seconds=5) and summary.last_status == "claimed"
+    assert summary.counts == {"succeeded": 1, "published": 2, "claimed": 3, "missed": 1}
+    assert summary.success_rate == 0.5  # succeeded over finished (succeeded + missed)
+    assert len(summary.lags) == 3 and summary.median_lag is not None
+
+    window = reads.recorded_keys(
+        db, "s", since=T0 + timedelta(seconds=1), until=T0 + timedelta(seconds=3)
+    )
+    assert window == {occ(1).key, occ(2).key}
+    between = reads.recent_runs(
+        db, since=T0 + timedelta(seconds=2), until=T0 + timedelta(seconds=4)
+    )
+    assert [r["id"] for r in between] == [occ(3).key, occ(2).key]
+
+    newest, per_replica = reads.recent_claims(db, limit=2)
+    assert len(newest) == 2 and per_replica == {"a": 5, "b": 2}
+
+    # An operator's backfill is late on purpose: not in beat's publish lag.
+    backfilled = occ(0, schedule="bf", reason=Reason.BACKFILL)
+    b.claim([backfilled], coordination=LOCK, lease=LEASE)
+    b.mark_published([backfilled.key])
+    (bf,) = reads.summaries(db, ["bf"], now=T0).values()
+    assert bf.counts == {"published": 1} and bf.lags == []
+
+    assert reads.missing_tables(db) == []
+    check = reads.check_schema(db)
+    assert check.ok and check.current == check.head
+
+    if db.dialect == "postgresql":
+        with db.connect(autocommit=True) as conn:
+            conn.exec_driver_sql(f"ANALYZE {runs.name}")
+    assert a.row_estimates()[runs.name] == 8
+
+
+def test_operator_reads_of_an_empty_database(url: str) -> None:
+    database = Database.open(url)
+    try:
+        assert reads.missing_tables(database) == list(reads.TABLES)
+        check = reads.check_schema(database)
+        assert check.current is None and not check.ok
+        assert all(error is not None for error in check.tables.values())
+    finally:
+        database.dispose()

@@ -13,7 +13,12 @@ from celery import Celery
 from celery.schedules import solar
 
 from voltro_beat.exceptions import ConfigurationError, NaiveDatetimeError, VoltroBeatError
-from voltro_beat.occurrences import next_after, occurrence_key, occurrences_between
+from voltro_beat.occurrences import (
+    latest_at_or_before,
+    next_after,
+    occurrence_key,
+    occurrences_between,
+)
 from voltro_beat.schedules import ClockedSpec, IntervalSpec, SolarSpec, to_spec
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -238,3 +243,21 @@ def test_occurrences_does_not_import_celery() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
+
+
+@pytest.mark.parametrize(
+    ("schedule", "expected"),
+    [
+        ("*/10 * * * * *", datetime(2026, 1, 1, 12, 0, 30, tzinfo=UTC)),  # on the grid: itself
+        (7.0, datetime(2026, 1, 1, 12, 0, 25, tzinfo=UTC)),  # epoch-anchored interval
+        ("0 3 * * 1", datetime(2025, 12, 29, 3, 0, tzinfo=UTC)),  # last Monday
+        ("0 0 29 2 *", datetime(2024, 2, 29, tzinfo=UTC)),  # looks back further and further
+        (ClockedSpec(datetime(2027, 1, 1, tzinfo=UTC)), None),  # a one-off still to come
+    ],
+)
+def test_latest_at_or_before_snaps_back_to_the_grid(
+    schedule: object, expected: datetime | None
+) -> None:
+    at = datetime(2026, 1, 1, 12, 0, 30, tzinfo=UTC)
+    assert latest_at_or_before(schedule, at) == expected
+    assert latest_at_or_before(schedule, at + timedelta(microseconds=1)) == expected

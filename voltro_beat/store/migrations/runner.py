@@ -48,3 +48,19 @@ def _alembic() -> Iterator[tuple[Any, Any]]:
         yield Config, command
     finally:
         log.setLevel(level)
+
+
+def revisions(connection: Connection) -> tuple[str | None, str]:
+    """The schema's current revision (None before the first upgrade) and the newest one."""
+    with _alembic():
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
+
+        from voltro_beat.store.tables import VERSION_TABLE
+
+        current = MigrationContext.configure(
+            connection, opts={"version_table": VERSION_TABLE}
+        ).get_current_revision()
+        head = ScriptDirectory(SCRIPTS).get_current_head()
+    assert head is not None
+    return current, head

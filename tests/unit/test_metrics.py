@@ -1,0 +1,93 @@
+"""The metrics module: what each report counts, no-ops while off; and the JSON log lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from voltro_beat.config import Settings
+from voltro_beat.exceptions import ConfigurationError
+from voltro_beat.logs import JsonFormatter
+from voltro_beat.metrics import Metrics
+from voltro_beat.occurrences import Occurrence
+from voltro_beat.status import Reason, Status
+
+AT = datetime(2026, 1, 1, 12, tzinfo=UTC)
+
+
+def occ(
+    name: str, second: int, status: Status = Status.CLAIMED, reason: str | None = None
+) -> Occurrence:
+    return Occurrence.of(name, "t", AT + timedelta(seconds=second), status, reason)
+
+
+def value(metrics: Metrics, name: str, **labels: str) -> float | None:
+    found: float | None = metrics.registry.get_sample_value(name, labels)
+    return found
+
+
+def test_off_by_default_every_report_is_a_no_op() -> None:
+    metrics = Metrics()
+    metrics.recorded([occ("a", 0)], {"a@2026-01-01T12:00:00"})
+    metrics.published([occ("a", 0)], AT)
+    with metrics.claim_statement():
+        pass
+    metrics.store_error()
+    assert not metrics.enabled and metrics.registry is None
+
+
+def test_claims_won_lost_and_missed_per_schedule() -> None:
+    metrics = Metrics()
+    metrics.enable()
+    batch = [occ("a", 0), occ("a", 1), occ("b", 0), occ("b", 1, Status.MISSED, Reason.LATE)]
+    won = {o.key for o in batch} - {batch[1].key}
+    metrics.recorded(batch, won)
+    metrics.missed([occ("a", 5, Status.MISSED, Reason.PUBLISH_FAILED)])
+    assert value(metrics, "voltro_beat_occurrences_claimed_total", schedule="a") == 1
+    assert value(metrics, "voltro_beat_occurrences_lost_total", schedule="a") == 1
+    assert value(metrics, "voltro_beat_occurrences_claimed_total", schedule="b") == 1
+    assert value(metrics, "voltro_beat_occurrences_missed_total", schedule="b", reason="late") == 1
+    assert (
+        value(
+            metrics, "voltro_beat_occurrences_missed_total", schedule="a", reason="publish_failed"
+        )
+        == 1
+    )
+
+
+def test_published_counts_and_observes_the_lag() -> None:
+    metrics = Metrics()
+    metrics.enable()
+    metrics.published([occ("a", 0), occ("a", 1)], AT + timedelta(seconds=1, milliseconds=20))
+    metrics.republished([occ("a", 0)])
+    assert value(metrics, "voltro_beat_occurrences_published_total", schedule="a") == 2
+    assert value(metrics, "voltro_beat_occurrences_republished_total", schedule="a") == 1
+    assert value(metrics, "voltro_beat_publish_lag_seconds_count") == 2
+    assert value(metrics, "voltro_beat_publish_lag_seconds_sum") == pytest.approx(1.04)
+    metrics.rows({"_voltro_schedule_runs": 12})
+    metrics.clock_offset(-0.25)
+    assert value(metrics, "voltro_beat_table_rows", table="_voltro_schedule_runs") == 12
+    assert value(metrics, "voltro_beat_clock_offset_seconds") == -0.25
+
+
+def test_settings_metrics_port_and_json_logs() -> None:
+    settings = Settings.from_config({}, {"VOLTRO_BEAT_METRICS_PORT": "9108"})
+    assert settings.metrics_port == 9108 and not settings.log_json
+    assert Settings.from_config({"voltro_beat_log_json": True}, {}).log_json
+    with pytest.raises(ConfigurationError, match="voltro_beat_metrics_port"):
+        Settings.from_config({"voltro_beat_metrics_port": "http"}, {})
+
+
+def test_json_log_line_names_the_schedule_and_key() -> None:
+    record = logging.LogRecord(
+        "voltro_beat.dispatch", logging.INFO, __file__, 1,
+        "Scheduler: Sending due task %s (%s) as %s",
+        ("poll", "proj.poll", "poll@2026-01-01T12:00:00.500"), None,
+    )  # fmt: skip
+    line = json.loads(JsonFormatter().format(record))
+    assert line["level"] == "INFO" and line["logger"] == "voltro_beat.dispatch"
+    assert line["schedule"] == "poll" and line["key"] == "poll@2026-01-01T12:00:00.500"
+    assert "key" not in json.loads(JsonFormatter().format(logging.makeLogRecord({"msg": "hi"})))

@@ -1,0 +1,87 @@
+"""Occurrences an operator asks for: ``voltro-beat backfill`` and ``voltro-beat run``.
+
+They take the path every publish of beat takes: the coordination gate (claims table and run
+row, in one transaction), then the dispatcher's fence, broker write and mark. An occurrence
+that already has a run row is never published again, whoever asks and however often; a run
+the command claimed but could not send (the broker failed, the command was killed) stays
+``claimed`` without a deadline, and a beat replica that runs its schedule republishes it once
+its lease ran out, with the same task id.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+
+from celery import Celery
+
+from voltro_beat import dispatch
+from voltro_beat.config import Settings
+from voltro_beat.dispatch import Dispatcher
+from voltro_beat.exceptions import PublishError
+from voltro_beat.occurrences import Occurrence
+from voltro_beat.publisher import Publisher
+from voltro_beat.schedules import Entry
+from voltro_beat.status import Reason
+from voltro_beat.store.beat import BeatStore
+from voltro_beat.store.database import Database
+
+
+class OnDemand:
+    """Publishes chosen occurrences of ``entries`` as replica ``cli:<host>:<pid>``."""
+
+    def __init__(
+        self, app: Celery, settings: Settings, database: Database, entries: Mapping[str, Entry]
+    ) -> None:
+        self.settings = settings
+        self.store = BeatStore(database, replica=f"cli:{socket.gethostname()}:{os.getpid()}")
+        self.publisher = Publisher(app, write_timeout=settings.publish_timeout * 3)
+        # The local clock only bounds durations inside this process (guarantee 9): whether a
+        # fenced chunk must be fenced again before its write.
+        self.dispatch = Dispatcher(
+            self.store,
+            self.publisher,
+            entries,
+            settings.publish_timeout,
+            lambda: datetime.now(UTC),
+        )
+
+    def publish(
+        self,
+        entry: Entry,
+        instants: Sequence[datetime],
+        reason: Reason,
+        progress: Callable[[int], None] = lambda done: None,
+    ) -> list[str]:
+        """Claim and publish the occurrences of ``entry`` at ``instants``, a chunk at a time;
+        return the keys published. Those another replica or an earlier command recorded are
+        left alone. ``progress`` is told how many instants each chunk handled.
+
+        Raises PublishError if the broker failed (what it did not take stays claimed, for
+        recovery), StoreError if the store did.
+        """
+        published: list[str] = []
+        for start in range(0, len(instants), dispatch.CHUNK):
+            chunk = instants[start : start + dispatch.CHUNK]
+            occurrences = [Occurrence.of(entry.name, entry.task, at, reason=reason) for at in chunk]
+            won = self.store.claim(
+                occurrences,
+                coordination=self.settings.coordination,
+                lease=self.settings.publish_timeout,
+            )
+            mine = [o for o in occurrences if o.key in won]
+            if mine and not self.dispatch.send(mine):
+                raise PublishError(
+                    f"the broker did not take every message; {len(published)} published, "
+                    "the rest of this chunk is left claimed for a beat replica's recovery",
+                    confirmed=len(published),
+                )
+            published += (o.key for o in mine)
+            progress(len(chunk))
+        return published
+
+    def close(self) -> None:
+        self.dispatch.close()
+        self.publisher.reset()
