@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from voltro_beat.occurrences import Occurrence, next_after
+from voltro_beat.occurrences import Occurrence, latest_at_or_before, next_after
 from voltro_beat.schedules import Entry, cadence
 from voltro_beat.status import Reason, Status
 
@@ -62,8 +62,8 @@ def plan(entry: Entry, last: datetime | None, now: datetime) -> Plan:
 def last_due(entry: Entry, at: datetime) -> datetime | None:
     """The occurrence an external trigger arriving at ``at`` stands for: the newest one at or
     before ``at``, if it is at most ``entry.max_lateness`` before it; else ``None``."""
-    instants, _ = newest(entry, at - entry.max_lateness - timedelta(microseconds=1), at, 1)
-    return instants[-1] if instants else None
+    instant = latest_at_or_before(entry.spec, at)
+    return instant if instant is not None and at - instant <= entry.max_lateness else None
 
 
 def newest(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections import ChainMap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -29,9 +28,9 @@ from voltro_beat.occurrences import (
     occurrences_between,
     task_id_for,
 )
-from voltro_beat.on_demand import OnDemand
+from voltro_beat.on_demand import OnDemand, load_app, schedule_of
 from voltro_beat.replicas import lives
-from voltro_beat.schedules import Entry, Spec, check_name, parse_entries, to_spec
+from voltro_beat.schedules import Entry, Spec, check_name, to_spec
 from voltro_beat.status import Reason, Status
 from voltro_beat.store import reads
 from voltro_beat.store.database import Database, hide_password
@@ -145,14 +144,10 @@ def _store_option(command: Callable[..., None]) -> Callable[..., None]:
 def _load_app(ctx: click.Context, _param: click.Parameter, name: str | None) -> None:
     if name is None:
         return
-    from celery.app.utils import find_app
-
     try:
-        ctx.meta[_APP] = find_app(name)
-    except Exception as exc:  # whatever importing the user's module raised
-        raise click.ClickException(
-            f"cannot import the Celery app {name!r}: {type(exc).__name__}: {exc}"
-        ) from None
+        ctx.meta[_APP] = load_app(name)
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _app_store(ctx: click.Context, _param: click.Parameter, url: str) -> str:
@@ -329,6 +324,7 @@ EXIT_NOT_PUBLISHED = 4
 def _celery_app_option(command: Callable[..., None]) -> Callable[..., None]:
     return click.option(
         "-A",
+        "--app",
         "--celery-app",
         "celery_app",
         envvar="VOLTRO_BEAT_CELERY_APP",
@@ -431,7 +427,7 @@ def status(store_url: str) -> None:
     """
     app = click.get_current_context().meta.get(_APP)
     with _errors(), _open(store_url) as database:
-        entries = {} if app is None else _entries(app, store_url)[1]
+        entries = {} if app is None else schedule_of(app, store_url)[1]
         now = database.time()
         names = list(entries) or reads.schedule_names(database)
         summaries = reads.summaries(database, names, now=now)
@@ -503,7 +499,7 @@ def backfill(store_url: str, name: str, since: str, until: str, dry_run: bool, y
     """
     app = _required_app("backfill")
     with _errors(), _open(store_url) as database:
-        settings, entries = _entries(app, store_url)
+        settings, entries = schedule_of(app, store_url)
         entry = _entry(entries, name)
         start, end = _instant(since, "--since"), _instant(until, "--until")
         if end <= start:
@@ -553,7 +549,7 @@ def run_now(store_url: str, name: str, at: str | None) -> None:
     """
     app = _required_app("run")
     with _errors(), _open(store_url) as database:
-        settings, entries = _entries(app, store_url)
+        settings, entries = schedule_of(app, store_url)
         entry = _entry(entries, name)
         when = database.time() if at is None else _instant(at, "--at")
         instant = latest_at_or_before(entry.spec, when)
@@ -617,15 +613,6 @@ def _required_app(command: str) -> Celery:
             f"{command} needs the Celery app (-A proj): its schedules and its broker"
         )
     return app
-
-
-def _entries(app: Celery, store_url: str) -> tuple[Settings, dict[str, Entry]]:
-    """The app's settings (with the store resolved) and its beat_schedule's entries."""
-    settings = Settings.from_config(ChainMap({"voltro_beat_store_url": store_url}, app.conf))
-    entries = parse_entries(
-        app.conf.beat_schedule or {}, tz=settings.timezone, max_lateness=settings.max_lateness
-    )
-    return settings, {entry.name: entry for entry in entries}
 
 
 def _entry(entries: Mapping[str, Entry], name: str) -> Entry:

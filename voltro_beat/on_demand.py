@@ -1,4 +1,5 @@
-"""Occurrences an operator asks for: ``voltro-beat backfill`` and ``voltro-beat run``.
+"""Occurrences published outside beat: ``voltro-beat backfill`` and ``voltro-beat run`` (an
+operator asks), and the external trigger (:mod:`voltro_beat.trigger`: a platform asks).
 
 They take the path every publish of beat takes: the coordination gate (claims table and run
 row, in one transaction), then the dispatcher's fence, broker write and mark. An occurrence
@@ -12,21 +13,50 @@ from __future__ import annotations
 
 import os
 import socket
+from collections import ChainMap
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from celery import Celery
+from celery.app.utils import find_app
 
 from voltro_beat import dispatch
 from voltro_beat.config import Settings
 from voltro_beat.dispatch import Dispatcher
-from voltro_beat.exceptions import PublishError
+from voltro_beat.exceptions import ConfigurationError, PublishError
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.publisher import Publisher
-from voltro_beat.schedules import Entry
+from voltro_beat.schedules import Entry, parse_entries
 from voltro_beat.status import Reason
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database
+
+
+def load_app(path: str) -> Celery:
+    """The Celery app at ``path`` (what ``celery -A`` accepts: ``proj``, ``proj.celery:app``)."""
+    try:
+        app = find_app(path)
+    except Exception as exc:  # whatever importing the user's module raised
+        raise ConfigurationError(
+            f"cannot import the Celery app {path!r}: {type(exc).__name__}: {exc}",
+            field="celery_app",
+        ) from None
+    if not isinstance(app, Celery):
+        raise ConfigurationError(f"{path!r} is not a Celery app", field="celery_app")
+    return app
+
+
+def schedule_of(app: Celery, store_url: str | None = None) -> tuple[Settings, dict[str, Entry]]:
+    """``app``'s settings (its store replaced by ``store_url`` if given) and its
+    ``beat_schedule``'s entries by name, parsed as beat parses them."""
+    conf = (
+        app.conf if store_url is None else ChainMap({"voltro_beat_store_url": store_url}, app.conf)
+    )
+    settings = Settings.from_config(conf)
+    entries = parse_entries(
+        app.conf.beat_schedule or {}, tz=settings.timezone, max_lateness=settings.max_lateness
+    )
+    return settings, {entry.name: entry for entry in entries}
 
 
 class OnDemand:

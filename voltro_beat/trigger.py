@@ -16,19 +16,14 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from celery import Celery
-from celery.app.utils import find_app
 
 from voltro_beat import catchup
-from voltro_beat.config import Settings
-from voltro_beat.dispatch import Dispatcher
-from voltro_beat.exceptions import ConfigurationError, VoltroBeatError
+from voltro_beat.exceptions import VoltroBeatError
 from voltro_beat.occurrences import Occurrence
-from voltro_beat.publisher import Publisher
-from voltro_beat.schedules import parse_entries
-from voltro_beat.store.beat import BeatStore
+from voltro_beat.on_demand import OnDemand, load_app, schedule_of
 from voltro_beat.store.database import Database
 
 logger = logging.getLogger(__name__)
@@ -62,34 +57,17 @@ class Trigger:
     """
 
     def __init__(self, app: Celery) -> None:
-        settings = Settings.from_config(app.conf)
-        entries = parse_entries(
-            app.conf.beat_schedule or {}, tz=settings.timezone, max_lateness=settings.max_lateness
-        )
-        self.entries = {entry.name: entry for entry in entries}
-        self.store = BeatStore(Database.open(settings.store_url), replica=settings.replica)
+        settings, self.entries = schedule_of(app)
+        self._on_demand = OnDemand(app, settings, Database.open(settings.store_url), self.entries)
+        self.store = self._on_demand.store
         self._migrate = settings.migrate
         self._lease = settings.publish_timeout
-        # As beat's: a write may take three leases, renewed meanwhile (scheduler._write_timeout).
-        self._publisher = Publisher(app, write_timeout=settings.publish_timeout * 3)
-        # The dispatcher's clock only measures how long ago a chunk was fenced, in this process.
-        self._dispatch = Dispatcher(
-            self.store, self._publisher, self.entries, self._lease, lambda: datetime.now(UTC)
-        )
         self._lock = threading.Lock()
 
     @classmethod
     def for_app(cls, app_path: str) -> Trigger:
         """The trigger of the Celery app at ``app_path`` (what ``celery -A`` accepts)."""
-        try:
-            app = find_app(app_path)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigurationError(
-                f"cannot load the Celery app {app_path!r}: {exc}", field="celery_app"
-            ) from None
-        if not isinstance(app, Celery):
-            raise ConfigurationError(f"{app_path!r} is not a Celery app", field="celery_app")
-        return cls(app)
+        return cls(load_app(app_path))
 
     def fire(self, name: str, *, arrival: datetime | None = None) -> Fired:
         """Claim and publish the occurrence of ``name`` that ``arrival`` (default: now on the
@@ -123,10 +101,10 @@ class Trigger:
             if not self.store.claim_external(occurrence, lease=self._lease):
                 logger.info("voltro_beat: %s claimed already: nothing published", occurrence.key)
                 return Fired(occurrence, published=False)
-            fenced = self._dispatch.fence([occurrence])
+            fenced = self._on_demand.dispatch.fence([occurrence])
             if not fenced.runs:
                 raise TooFar(f"{occurrence.key}: its deadline passed while it was being claimed")
-            if not self._dispatch.deliver([fenced]):
+            if not self._on_demand.dispatch.deliver([fenced]):
                 raise NotPublished(
                     f"{occurrence.key}: claimed, but the broker did not take it; a beat "
                     "replica's recovery sweep republishes it once its lease runs out"
@@ -136,6 +114,5 @@ class Trigger:
 
     def close(self) -> None:
         """Release the broker connection and the store."""
-        self._dispatch.close()
-        self._publisher.reset()
+        self._on_demand.close()
         self.store.close()
