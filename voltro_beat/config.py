@@ -45,6 +45,8 @@ class Settings:
     clock: ClockMode | None
     #: A replica whose local clock is further than this from the database's says so.
     max_clock_offset: timedelta
+    #: A file beat touches after each heartbeat it wrote to the store (liveness probes).
+    health_file: str | None = None
 
     @classmethod
     def from_config(
@@ -112,6 +114,7 @@ class Settings:
                 timedelta(seconds=1),
                 _duration,
             ),
+            health_file=get("voltro_beat_health_file", "VOLTRO_BEAT_HEALTH_FILE", None, _text),
         )
         connect = float(conf.get("broker_connection_timeout") or 4.0)
         if settings.publish_timeout.total_seconds() <= 2 * connect:
