@@ -32,4 +32,3 @@ def test_the_health_file_is_touched_by_each_heartbeat_and_not_while_the_store_is
     scheduler._store.database.clock = lambda: sec(6)
     scheduler.tick()  # fails closed, never raises
     assert health.stat().st_mtime == 0
-
