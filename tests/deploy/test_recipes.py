@@ -6,15 +6,19 @@ what each recipe must say for voltro_beat to run as documented."""
 from __future__ import annotations
 
 import os
+import runpy
 import shutil
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
+
+from voltro_beat.schedules import parse_entries
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -174,3 +178,20 @@ def test_the_systemd_unit_says_how_to_stop_and_restart_beat() -> None:
     assert settings["ExecStart"][0].endswith("celery -A proj beat -S voltro -l info")
     assert "VOLTRO_BEAT_REPLICA=%H-%i" in settings["Environment"]
     assert settings["EnvironmentFile"] == ["/etc/voltro-beat/env"]
+
+
+def test_the_example_app_loads_and_its_schedule_validates() -> None:
+    """deploy/example/proj.py, the app every recipe runs. Its entry with ``"trigger":
+    "external"`` is validated by the trigger's own tests (issue 13, part A); the rest here."""
+    namespace = runpy.run_path(str(DEPLOY / "example" / "proj.py"))
+    app = namespace["app"]
+    schedule = dict(app.conf.beat_schedule)
+    external = {name for name, entry in schedule.items() if entry.get("trigger") == "external"}
+    assert external == {"nightly-report"}
+    entries = parse_entries(
+        {name: entry for name, entry in schedule.items() if name not in external},
+        tz="UTC",
+        max_lateness=timedelta(days=1),
+    )
+    assert {entry.name for entry in entries} == {"heartbeat", "digest"}
+    assert "proj.ping" in app.tasks
