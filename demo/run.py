@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -131,8 +132,9 @@ def _reset(store: str, broker_folder: Path) -> None:
             if sa.inspect(conn).has_table(table):
                 conn.execute(sa.text(f"DELETE FROM {table}"))
     engine.dispose()
-    for message in broker_folder.glob("*"):
-        message.unlink()
+    # Messages, and the folder kombu keeps for broadcast (control) messages.
+    shutil.rmtree(broker_folder)
+    broker_folder.mkdir()
 
 
 def _report(store: str) -> int:

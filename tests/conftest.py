@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -242,3 +244,71 @@ def celery_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
     yield start
     for worker in reversed(started):
         worker.stop()
+
+
+ROLES_SQL = ROOT / "deploy" / "postgresql" / "roles.sql"
+
+
+@dataclass(frozen=True)
+class Roles:
+    """The two roles of deploy/postgresql/roles.sql, applied to one database."""
+
+    beat: str
+    migrator: str
+    #: The database, as a SQLAlchemy URL of the superuser that applies the script.
+    admin_url: str
+
+    def url(self, role: str) -> str:
+        """The database's SQLAlchemy URL for ``role`` (the test server trusts local logins)."""
+        return sa.make_url(self.admin_url).set(username=role).render_as_string(hide_password=False)
+
+    def apply(self) -> None:
+        """Run the script with ``psql`` as its header says, the passwords from the
+        environment; fail with its output if it fails."""
+        psql = shutil.which("psql")
+        if psql is None:
+            pytest.fail("psql is not installed (Debian: postgresql-client)", pytrace=False)
+        libpq = sa.make_url(self.admin_url).set(drivername="postgresql")
+        database = libpq.render_as_string(hide_password=False)
+        variables = ["ON_ERROR_STOP=1", f"beat_role={self.beat}", f"migrator_role={self.migrator}"]
+        result = subprocess.run(
+            [psql, "-X", "-q", *(f"--set={v}" for v in variables), "-f", ROLES_SQL, database],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={
+                **os.environ,
+                "VOLTRO_BEAT_DB_PASSWORD": "beat-secret",
+                "VOLTRO_BEAT_MIGRATOR_PASSWORD": "migrator-secret",
+            },
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture
+def least_privilege_roles() -> Iterator[Callable[[str], Roles]]:
+    """``make(database_url)``: apply deploy/postgresql/roles.sql to that database (as the
+    superuser of the URL) with role names of this test's own; the roles are dropped after."""
+    made: list[Roles] = []
+
+    def make(database_url: str) -> Roles:
+        suffix = uuid.uuid4().hex[:8]
+        roles = Roles(f"vt_beat_{suffix}", f"vt_migrator_{suffix}", database_url)
+        made.append(roles)
+        roles.apply()
+        return roles
+
+    yield make
+    for roles in made:
+        quoted = f'"{roles.beat}", "{roles.migrator}"'
+        engine = sa.create_engine(roles.admin_url, poolclass=sa.NullPool)
+        # The database may be dropped already (fixtures end in either order).
+        with contextlib.suppress(sa.exc.OperationalError), engine.begin() as conn:
+            conn.exec_driver_sql(f'REASSIGN OWNED BY "{roles.migrator}" TO CURRENT_USER')
+            conn.exec_driver_sql(f"DROP OWNED BY {quoted}")
+        engine.dispose()
+        admin = sa.create_engine(POSTGRES_ADMIN_URL, poolclass=sa.NullPool)
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f"DROP ROLE IF EXISTS {quoted}")
+        admin.dispose()

@@ -49,6 +49,8 @@ class Settings:
     metrics_port: int | None = None
     #: Beat's log lines as JSON objects, one per line.
     log_json: bool = False
+    #: A file beat touches after each heartbeat it wrote to the store (liveness probes).
+    health_file: str | None = None
 
     @classmethod
     def from_config(
@@ -118,6 +120,7 @@ class Settings:
             ),
             metrics_port=get("voltro_beat_metrics_port", "VOLTRO_BEAT_METRICS_PORT", None, _port),
             log_json=get("voltro_beat_log_json", "VOLTRO_BEAT_LOG_JSON", False, _flag),
+            health_file=get("voltro_beat_health_file", "VOLTRO_BEAT_HEALTH_FILE", None, _text),
         )
         connect = float(conf.get("broker_connection_timeout") or 4.0)
         if settings.publish_timeout.total_seconds() <= 2 * connect:

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 from celery import beat
@@ -128,6 +129,7 @@ class VoltroScheduler(beat.Scheduler):
         self._next_heartbeat = datetime.min.replace(tzinfo=UTC)
         self._next_measure = datetime.min.replace(tzinfo=UTC)
         self._metrics = Metrics()
+        self._health_file_warned = False
         # Celery builds a lazy instance for the banner: it must do no I/O.
         super().__init__(app, *args, **kwargs)
 
@@ -252,6 +254,7 @@ class VoltroScheduler(beat.Scheduler):
         if clock.now() >= self._next_heartbeat:
             if self._membership.beat():
                 self._requeue()
+            self._touch_health_file()
             self._next_heartbeat = clock.now() + self._membership.interval
         self._fire_due(clock.now())
         self._publish_ready()
@@ -594,6 +597,19 @@ class VoltroScheduler(beat.Scheduler):
             # replica queued it (that one may be gone).
             wake = min(wake, now + QUEUE_POLL)
         return max(0.0, min((wake - now).total_seconds(), float(self.max_interval)))
+
+    def _touch_health_file(self) -> None:
+        # Fresh only while the loop runs and the store took this replica's heartbeat: what a
+        # probe should mean by "this replica takes part" (deploy/kubernetes/beat.yaml).
+        path = self._settings.health_file
+        if path is None:
+            return
+        try:
+            Path(path).touch()
+        except OSError as exc:
+            if not self._health_file_warned:
+                self._health_file_warned = True
+                logger.warning("voltro_beat: cannot touch the health file %s: %s", path, exc)
 
     def _on_store_error(self, exc: StoreError) -> None:
         # Runs published just before the outage may still be unmarked by their owners (this

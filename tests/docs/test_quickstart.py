@@ -1,0 +1,112 @@
+"""docs/quickstart.md, run as written: every ``sh`` block, in order, and its files (the
+``title="..."`` code blocks), and what each step prints.
+
+The first part (the README's commands) runs in the repository; the project part runs in an
+empty directory as one shell session, the way a reader pastes it into one terminal, with the
+broker on a Redis database of its own. ``./run test`` is the command that runs this test, so it
+is checked to be CI's command (.ci/run) instead of being run again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "docs" / "quickstart.md"
+PROJECT_HEADING = "## Your own project in five steps"
+#: A Redis database no other test uses, emptied before and after.
+BROKER_DB = 11
+
+pytestmark = pytest.mark.redis
+
+
+def blocks(text: str) -> list[tuple[str, str]]:
+    """``(info string, body)`` of every fenced code block."""
+    return re.findall(r"^```([^\n]*)\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def parts() -> tuple[list[str], list[tuple[str, str]]]:
+    """The shell commands of the repository part, and the blocks of the project part."""
+    text = QUICKSTART.read_text()
+    repository, _, project = text.partition(PROJECT_HEADING)
+    assert project, f"{QUICKSTART} has no {PROJECT_HEADING!r}"
+    commands = [
+        line for info, body in blocks(repository) if info == "sh" for line in body.splitlines()
+    ]
+    return commands, blocks(project)
+
+
+def test_the_readme_commands_are_the_quickstart_s_and_the_demo_runs_each_occurrence_once() -> None:
+    commands, _ = parts()
+    assert commands == ["./run demo", "./run test"]
+    readme = (ROOT / "README.md").read_text()
+    assert all(f"{command}   " in readme or f"{command} " in readme for command in commands)
+    assert (ROOT / ".ci" / "run").read_text().rstrip().endswith("./run test")
+
+    demo = subprocess.run(
+        ["./run", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert re.search(r"\d+ occurrences; won by .*; executed more than once: 0", demo.stdout)
+
+
+def test_the_five_steps_run_a_worker_and_two_replicas_that_record_every_run(
+    tmp_path: Path, redis_url: str
+) -> None:
+    _, project = parts()
+    script = ["set -e"]
+    for info, body in project:
+        title = re.search(r'title="([^"]+)"', info)
+        if title:
+            (tmp_path / title.group(1)).write_text(body)
+        elif info == "sh":
+            script.append(body)
+    assert (tmp_path / "proj.py").exists()
+
+    broker = f"{redis_url}/{BROKER_DB}"
+    redis.Redis.from_url(broker).flushdb()
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "CELERY_BROKER_URL": broker,
+        # The project is installed in this venv already: pip must not look further.
+        "PIP_NO_INDEX": "1",
+        "COLUMNS": "200",
+    }
+    env = {k: v for k, v in env.items() if not k.startswith(("VOLTRO_", "PYTHONPATH"))}
+    session = subprocess.Popen(
+        ["bash", "-c", "\n".join(script)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = session.communicate(timeout=180)
+    finally:
+        with_logs = "\n".join(
+            f"--- {log.name}\n{log.read_text()[-2000:]}" for log in tmp_path.glob("*.log")
+        )
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(session.pid, signal.SIGKILL)
+        redis.Redis.from_url(broker).flushdb()
+    assert session.returncode == 0, output[-4000:] + with_logs
+
+    assert "sqlite:///voltro-beat.sqlite3: schema is up to date" in output
+    runs = re.findall(r"│ (hello@\S+) +│ (\w+) +│ [^│]*│ (\S+) +│ won_lock ", output)
+    assert len(runs) == 4, output
+    assert "succeeded" in {status for _, status, _ in runs}, output
+    replicas = dict(re.findall(r"^│ (\S+:\d+) +│.*│ (yes|no) +│", output, flags=re.M))
+    assert list(replicas.values()) == ["yes", "yes"], output
+    assert {replica for _, _, replica in runs} <= replicas.keys()
