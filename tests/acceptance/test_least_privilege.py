@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from vbt_harness import (
     EVERY_SECOND,
     REPLICAS,
     Deployments,
+    Sched,
     check,
     finish,
     problems_exactly_once,
@@ -46,15 +47,41 @@ def test_replicas_and_a_worker_run_under_the_least_privilege_role(
     )
     assert upgrade.returncode == 0, upgrade.stderr
 
+    # Fired by `voltro-beat trigger` only: its occurrence at `anchor` stands for the test's run.
+    anchor = datetime.now(UTC).replace(microsecond=0)
+    nightly = Sched(
+        "nightly",
+        "timedelta(days=1)",
+        {"trigger": '"external"', "anchor": f"datetime.fromisoformat({anchor.isoformat()!r})"},
+    )
     schedules = [EVERY_SECOND, EVERY_2S]
     dep = deployment(store=beat_url, app="vbt_admin_proj")
-    dep.configure(schedules, voltro_beat_migrate=False)
+    dep.configure([*schedules, nightly], voltro_beat_migrate=False)
     dep.start_worker()
     dep.start_beats(*REPLICAS)
     dep.wait_ready()
     start = window_start()
     end = start + timedelta(seconds=8)
+    # Two triggers at once (a CronJob that made two Jobs), under the beat role.
+    argv = [
+        Path(sys.executable).parent / "voltro-beat",
+        "trigger",
+        "nightly",
+        "-A",
+        "vbt_admin_proj",
+    ]
+    triggers = [
+        subprocess.Popen(argv, env=dep.env(), cwd=dep.workdir, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    answers = sorted(p.communicate(timeout=60)[0].partition(": ")[2].strip() for p in triggers)
+    assert [p.returncode for p in triggers] == [0, 0]
+    assert answers[0] == "claimed already, nothing published", answers
     outcome = finish(dep, schedules, start, end)
+    key = f"nightly@{anchor:%Y-%m-%dT%H:%M:%S}"
+    assert wait_until(lambda: any(e.occurrence == key for e in dep.executions()), timeout=30)
+    assert sum(e.occurrence == key for e in dep.executions()) == 1
+    assert dep.runs()[key].coordination_outcome == "external"
 
     check(problems_exactly_once(outcome.keys, outcome.runs, outcome.executions), "occurrences")
     check(problems_no_duplicates(outcome.executions), "executions")
