@@ -326,19 +326,21 @@ def test_the_sweep_is_claimed_once_across_replicas(stores: Callable[[str], BeatS
     assert recent(replicas[0]) == []
 
 
-def test_retention_of_an_app_table(stores: Callable[[str], BeatStore]) -> None:
+@pytest.mark.parametrize("composite", [False, True], ids=["key", "composite-key"])
+def test_retention_of_an_app_table(stores: Callable[[str], BeatStore], composite: bool) -> None:
     store = stores()
     events = sa.Table(
         "app_events",
         sa.MetaData(),
         sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("part", sa.Integer, primary_key=composite),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     )
     with store.database.engine.begin() as conn:
         events.create(conn)
         conn.execute(
             events.insert(),
-            [{"id": n, "created_at": T0 + timedelta(hours=n)} for n in range(5)],
+            [{"id": n, "part": 0, "created_at": T0 + timedelta(hours=n)} for n in range(5)],
         )
     try:
         assert store.delete_expired("app_events", "created_at", T0 + timedelta(hours=3)) == 3
