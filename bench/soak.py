@@ -10,7 +10,7 @@ minutes, not a day). SQLite's store reads the same driven clock, so the claims' 
 the pruning and the hourly retention sweep (24 h claims, 30 d runs) all see simulated time.
 Every simulated minute the claims table is counted and the broker drained.
 
-Prints one JSON object: the claims count (maximum, final, and as a multiple of the number of
+Prints one JSON object (also written to ``bench/results/soak.json``): the claims count (maximum, final, and as a multiple of the number of
 schedules), the run rows, the messages published and the duplicates among them (by
 occurrence key), the sweeps (one per hourly slot) and the wall time. Exits 1 if a message was
 published twice or an occurrence has no run row.
@@ -35,6 +35,7 @@ from celery import Celery
 from voltro_beat import retention
 from voltro_beat.scheduler import VoltroScheduler
 
+RESULTS = Path(__file__).resolve().parent / "results"
 T0 = datetime(2026, 1, 1, 0, 0, 0, tzinfo=UTC)
 #: Beat's own loop sleeps at least this long between ticks (a tick that asks for 0 s, say a
 #: retention batch, is followed by another one this much later).
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
         url = f"sqlite:///{Path(tmp) / 'soak.sqlite3'}"
         result = soak(url, args)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0 if result["duplicates"] == 0 and result["unrecorded"] == 0 else 1
 
