@@ -5,15 +5,17 @@
 
 Three real :class:`~voltro_beat.scheduler.VoltroScheduler` replicas share one SQLite store and
 kombu's in-memory broker in this process, on a driven clock: each replica ticks at the instant
-its previous tick asked to be woken at (a discrete-event simulation, so a simulated day takes
-minutes, not a day). SQLite's store reads the same driven clock, so the claims' ``claimed_at``,
-the pruning and the hourly retention sweep (24 h claims, 30 d runs) all see simulated time.
-Every simulated minute the claims table is counted and the broker drained.
+its previous tick asked to be woken at (a discrete-event simulation: a simulated day takes
+about two hours on two busy cores, not a day). SQLite's store reads the same driven clock, so
+the claims' ``claimed_at``, the pruning and the hourly retention sweep (24 h claims, 30 d
+runs) all see simulated time. Every simulated minute the claims table is counted and the
+broker drained.
 
-Prints one JSON object (also written to ``bench/results/soak.json``): the claims count (maximum, final, and as a multiple of the number of
-schedules), the run rows, the messages published and the duplicates among them (by
-occurrence key), the sweeps (one per hourly slot) and the wall time. Exits 1 if a message was
-published twice or an occurrence has no run row.
+Prints one JSON object (also written to ``bench/results/soak.json``): the claims count
+(maximum, per simulated hour, final, and as a multiple of the number of schedules), the run
+rows, the messages published and the duplicates among them (by occurrence key), the sweeps
+(one per hourly slot) and the wall time. Exits 1 if a message was published twice or an
+occurrence has no run row.
 """
 
 from __future__ import annotations
