@@ -121,6 +121,8 @@ def soak(url: str, args: argparse.Namespace) -> dict[str, Any]:
                 samples.append(count(engine, "SELECT count(*) FROM _voltro_schedule_claims"))
                 published += drain(r.app)
                 next_sample += timedelta(minutes=1)
+                if len(samples) % 60 == 0:  # progress, each simulated hour
+                    print(f"hour {len(samples) // 60}: {samples[-1]} claims", file=sys.stderr)
     finally:
         for r in replicas:
             r._store.database.clock = lambda: end
