@@ -8,13 +8,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from voltro_beat.exceptions import ConfigurationError, StoreError, VoltroBeatError
+from voltro_beat.retention import register_retention
 
 if TYPE_CHECKING:
     from voltro_beat.signals import attach
 
 __version__ = "0.2.0"
 
-__all__ = ["ConfigurationError", "StoreError", "VoltroBeatError", "__version__", "attach"]
+__all__ = [
+    "ConfigurationError",
+    "StoreError",
+    "VoltroBeatError",
+    "__version__",
+    "attach",
+    "register_retention",
+]
 
 
 def __getattr__(name: str) -> Any:

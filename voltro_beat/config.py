@@ -97,7 +97,7 @@ class Settings:
             runs_ttl=get(
                 "voltro_beat_runs_ttl_hours",
                 "VOLTRO_SCHEDULE_RUNS_TTL_HOURS",
-                timedelta(days=7),
+                timedelta(days=30),
                 _hours,
             ),
             migrate=get("voltro_beat_migrate", "VOLTRO_BEAT_MIGRATE", True, _flag),

@@ -27,7 +27,7 @@ from typing import Any
 
 from celery import beat
 
-from voltro_beat import catchup, dispatch, logs, overlap
+from voltro_beat import catchup, dispatch, logs, overlap, retention
 from voltro_beat.clock import Clock, ClockMode
 from voltro_beat.config import Settings
 from voltro_beat.dispatch import Dispatcher, Fenced
@@ -38,9 +38,11 @@ from voltro_beat.occurrences import Occurrence, next_after
 from voltro_beat.publisher import Publisher
 from voltro_beat.schedules import Entry, cadence, parse_entries
 from voltro_beat.status import Reason, Status
+from voltro_beat.store import beat as store_beat
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database
 from voltro_beat.store.registry import Registry
+from voltro_beat.store.tables import CLAIMS, RUNS
 
 logger = logging.getLogger(__name__)
 
@@ -64,12 +66,20 @@ MAX_BACKLOG = 1000
 DEFAULT_OVERLAP_TIMEOUT = timedelta(hours=1)
 #: Seconds between checks for queued runs whose predecessor finished.
 QUEUE_POLL = timedelta(seconds=1)
-#: Message templates are built only while the next occurrence is at least this far away.
+#: Message templates are built, and retention batches deleted, only while the next
+#: occurrence is at least this far away.
 PREPARE_MARGIN = timedelta(milliseconds=200)
-#: How often a replica deletes claims and runs past their retention.
-RETENTION_EVERY = timedelta(hours=1)
 #: How often the metrics' gauges (clock offset, table sizes) are read, when metrics are on.
 MEASURE_EVERY = timedelta(seconds=15)
+
+
+@dataclass(slots=True)
+class _Sweep:
+    """A retention policy being applied: rows older than ``before`` go, a batch per tick."""
+
+    policy: retention.Policy
+    before: datetime
+    removed: int = 0
 
 
 @dataclass(slots=True)
@@ -102,6 +112,7 @@ class VoltroScheduler(beat.Scheduler):
     _overlap_timeouts: dict[str, timedelta]
     _queue_policy: list[str]
     _store: BeatStore
+    _retention: list[retention.Policy]
     _publisher: Publisher
     _dispatch: Dispatcher
     _clock: Clock
@@ -126,6 +137,8 @@ class VoltroScheduler(beat.Scheduler):
         self._unprepared: collections.deque[tuple[datetime, int, _Due]] = collections.deque()
         self._next_recovery = datetime.min.replace(tzinfo=UTC)
         self._next_retention = datetime.min.replace(tzinfo=UTC)
+        #: The retention sweep this replica won and has not finished, policy by policy.
+        self._sweeping: collections.deque[_Sweep] = collections.deque()
         self._next_heartbeat = datetime.min.replace(tzinfo=UTC)
         self._next_measure = datetime.min.replace(tzinfo=UTC)
         self._metrics = Metrics()
@@ -153,6 +166,8 @@ class VoltroScheduler(beat.Scheduler):
             self._settings.coordination,
             len(self._entries),
         )
+        for warning, line in retention.announce(self._retention):
+            (logger.warning if warning else logger.info)("%s", line)
 
     def _configure(self) -> None:
         if self._configured:
@@ -161,18 +176,32 @@ class VoltroScheduler(beat.Scheduler):
         entries = parse_entries(
             self._beat_schedule(), tz=settings.timezone, max_lateness=settings.max_lateness
         )
+        policies = retention.resolve(
+            [
+                retention.Registration(CLAIMS, "claimed_at", settings.claims_ttl, "framework"),
+                retention.Registration(RUNS, "scheduled_at", settings.runs_ttl, "framework"),
+                *retention.registered(),
+            ]
+        )
+        runs_policy = next(p for p in policies if p.table == RUNS)
+        bound = (
+            "voltro_beat_runs_ttl_hours"
+            if runs_policy.kept.source == "framework"
+            else f"register_retention(source={runs_policy.kept.source!r})"
+        )
         for entry in entries:
-            if entry.max_lateness >= settings.runs_ttl:
+            if entry.max_lateness >= runs_policy.ttl:
                 # The run row is the long fence: it must outlive any occurrence still due.
                 raise ConfigurationError(
                     f"max_lateness ({entry.max_lateness}) must be shorter than the runs "
-                    f"retention ({settings.runs_ttl}, voltro_beat_runs_ttl_hours)",
+                    f"retention ({runs_policy.ttl}, {bound})",
                     entry=entry.name,
                     field="max_lateness",
                 )
         database = Database.open(settings.store_url)
         store = BeatStore(database, replica=settings.replica)
         self._settings = settings
+        self._retention = policies
         self._entries = {entry.name: entry for entry in entries}
         self._graces = {
             entry.name: grace for entry in entries if (grace := _grace(entry)) is not None
@@ -264,8 +293,11 @@ class VoltroScheduler(beat.Scheduler):
             self._recover()
             self._next_recovery = clock.now() + self._lease / 2
         if clock.now() >= self._next_retention:
-            self._sweep(clock.now())
-            self._next_retention = clock.now() + RETENTION_EVERY
+            now = clock.now()
+            self._sweep(now)
+            self._next_retention = retention.slot(now) + retention.SWEEP_EVERY
+        if self._sweeping:
+            self._sweep_batch()
         if self._metrics.enabled and clock.now() >= self._next_measure:
             self._measure()
             self._next_measure = clock.now() + MEASURE_EVERY
@@ -513,12 +545,14 @@ class VoltroScheduler(beat.Scheduler):
                 return
 
     def _sweep(self, now: datetime) -> None:
-        claims, runs = self._store.sweep(
-            claims_before=now - self._settings.claims_ttl,
-            runs_before=now - self._settings.runs_ttl,
-        )
-        if claims or runs:
-            logger.info("voltro_beat: retention removed %d claims and %d runs", claims, runs)
+        """Take on the retention sweep of the slot ``now`` falls in, if this replica wins its
+        claim (one replica per slot); its batches follow in the idle time of the next ticks.
+        A sweep cut short (the replica stopped) is made up by the next slot's."""
+        at = retention.slot(now)
+        if not self._store.claim_job(retention.SWEEP_JOB, at, retention.slot_key(at)):
+            logger.debug("voltro_beat: the retention sweep of %s is another replica's", at)
+            return
+        self._sweeping = collections.deque(_Sweep(p, now - p.ttl) for p in self._retention)
         self._membership.registry.forget(now - FORGET_AFTER)
 
     def _serve_metrics(self, port: int) -> None:
@@ -537,6 +571,34 @@ class VoltroScheduler(beat.Scheduler):
         offset = self._clock.offset
         self._metrics.clock_offset(None if offset is None else offset.total_seconds())
         self._metrics.rows(self._store.row_estimates())
+
+    def _sweep_batch(self) -> None:
+        """Delete one full batch of the sweep under way (and finish the policies with less
+        than a batch left), unless an occurrence is due soon: the tick returns between
+        batches, so a long sweep never holds back what is due."""
+        while self._sweeping:
+            if self._next_wake() - self._clock.now() < PREPARE_MARGIN:
+                return
+            job = self._sweeping[0]
+            policy = job.policy
+            try:
+                removed = self._store.delete_expired(policy.table, policy.time_column, job.before)
+            except ConfigurationError as exc:
+                logger.error("voltro_beat: retention of %s not applied: %s", policy.table, exc)
+                self._sweeping.popleft()
+                continue
+            job.removed += removed
+            if removed == store_beat.SWEEP_BATCH:
+                return
+            self._sweeping.popleft()
+            if job.removed:
+                logger.info(
+                    "voltro_beat: retention removed %d rows of %s (%s older than %s)",
+                    job.removed,
+                    policy.table,
+                    policy.time_column,
+                    job.before.isoformat(),
+                )
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -592,6 +654,8 @@ class VoltroScheduler(beat.Scheduler):
         wake = min(
             self._next_recovery, self._next_retention, self._next_heartbeat, self._next_wake()
         )
+        if self._sweeping and self._next_wake() - now >= PREPARE_MARGIN:
+            wake = now  # the next batch of the retention sweep
         if self._queue_policy:
             # A queued run starts within a second of its predecessor finishing, whichever
             # replica queued it (that one may be gone).

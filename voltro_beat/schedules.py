@@ -24,6 +24,9 @@ from voltro_beat.cron import CronSpec
 from voltro_beat.exceptions import ConfigurationError
 
 MAX_NAME_LENGTH = 200
+#: Names of voltro_beat's own jobs (the retention sweep's claims) start with this; no
+#: schedule's may, so that their keys never meet.
+RESERVED_PREFIX = "voltro-beat:"
 CATCH_UP_MODES = ("latest", "skip", "all")
 OVERLAP_MODES = ("allow", "skip", "queue")
 #: Who fires an entry: beat's own timers, or ``voltro-beat trigger`` (a platform's scheduler).
@@ -220,6 +223,11 @@ def parse_entries(
 
 def _entry(name: object, raw: object, app_tz: str | None, max_lateness: timedelta) -> Entry:
     name = check_name(name)
+    if name.startswith(RESERVED_PREFIX):
+        raise ConfigurationError(
+            f"names starting with {RESERVED_PREFIX!r} are reserved for voltro_beat's own jobs",
+            **_at(name, "name"),
+        )
     if not isinstance(raw, Mapping):
         raise ConfigurationError(
             f"an entry must be a mapping, not {type(raw).__name__}", entry=name

@@ -8,15 +8,33 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from beat_kit import EVERY_SECOND, drain
 from celery import Celery
 
 from voltro_beat.scheduler import VoltroScheduler
+from voltro_beat.store.tables import VERSION_TABLE, metadata
 
 
 @pytest.fixture
 def store_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'voltro.sqlite3'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A store on each dialect: a SQLite file, and the module's PostgreSQL database (its
+    tables dropped afterwards)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.sqlite3'}"
+        return
+    base = request.getfixturevalue("postgres_url")
+    yield base
+    engine = sa.create_engine(base)
+    with engine.begin() as conn:
+        for table in (*metadata.tables, VERSION_TABLE):
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+    engine.dispose()
 
 
 @pytest.fixture

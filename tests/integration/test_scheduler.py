@@ -209,7 +209,7 @@ def test_close_is_idempotent_and_stops_ticking(replicas: Any) -> None:
 
 
 def test_entry_lateness_must_be_shorter_than_runs_retention(replicas: Any) -> None:
-    schedule = {"slow": {"task": "t", "schedule": 60.0, "max_lateness": 8 * 86400}}
+    schedule = {"slow": {"task": "t", "schedule": 60.0, "max_lateness": 31 * 86400}}
     with pytest.raises(ConfigurationError) as info:
         replicas("r1", schedule=schedule)
     assert (info.value.entry, info.value.field) == ("slow", "max_lateness")

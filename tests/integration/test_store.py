@@ -6,13 +6,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+from voltro_beat import retention
 from voltro_beat.coordination import Coordination
 from voltro_beat.exceptions import ConfigurationError, StoreError
 from voltro_beat.occurrences import Occurrence
@@ -21,7 +21,7 @@ from voltro_beat.store import beat as beat_module
 from voltro_beat.store import reads
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database, hide_password
-from voltro_beat.store.tables import VERSION_TABLE, metadata, runs
+from voltro_beat.store.tables import CLAIMS, RUNS, VERSION_TABLE, metadata, runs
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
 LOCK = Coordination.ADVISORY_LOCK
@@ -40,20 +40,6 @@ def occ(n: int, schedule: str = "s", **fields: object) -> Occurrence:
 
 def open_store(url: str, replica: str) -> BeatStore:
     return BeatStore(Database.open(url), replica=replica)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.sqlite3'}"
-        return
-    base = request.getfixturevalue("postgres_url")
-    yield base
-    engine = sa.create_engine(base)
-    with engine.begin() as conn:
-        for table in (*metadata.tables, VERSION_TABLE):
-            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
-    engine.dispose()
 
 
 @pytest.fixture
@@ -105,7 +91,7 @@ def test_claim_once_across_replicas(stores: Callable[[str], BeatStore]) -> None:
 def test_run_row_fences_after_claims_are_pruned(stores: Callable[[str], BeatStore]) -> None:
     a, b = stores("a"), stores("b")
     assert a.claim([occ(0)], coordination=LOCK, lease=LEASE)
-    a.sweep(claims_before=datetime.now(UTC) + timedelta(days=1), runs_before=T0 - timedelta(days=1))
+    a.delete_expired(CLAIMS, "claimed_at", datetime.now(UTC) + timedelta(days=1))
     # The claim goes in again (it was pruned), but the run row insert conflicts.
     assert b.claim([occ(0)], coordination=LOCK, lease=LEASE) == set()
     assert status(a, occ(0).key) == ("claimed", None)
@@ -313,14 +299,60 @@ def test_last_scheduled_per_schedule(stores: Callable[[str], BeatStore]) -> None
     }
 
 
-def test_sweep_keeps_queued_runs(stores: Callable[[str], BeatStore]) -> None:
+def test_retention_keeps_queued_runs_and_ages_out_crashed_ones(
+    stores: Callable[[str], BeatStore],
+) -> None:
     store = stores()
-    store.claim([occ(0), occ(1, status=Status.QUEUED)], coordination=LOCK, lease=LEASE)
-    gone = store.sweep(
-        claims_before=datetime.now(UTC) + timedelta(1), runs_before=T0 + timedelta(1)
-    )
-    assert gone == (2, 1)
+    statuses = [Status.QUEUED, Status.STARTED, Status.SUCCEEDED, Status.CLAIMED]
+    store.claim([occ(n, status=s) for n, s in enumerate(statuses)], coordination=LOCK, lease=LEASE)
+    # A started row whose worker crashed never finishes: it goes like a finished one.
+    assert store.delete_expired(RUNS, "scheduled_at", T0 + timedelta(days=1)) == 3
     assert [r["status"] for r in recent(store)] == ["queued"]
+
+
+def test_the_sweep_is_claimed_once_across_replicas(stores: Callable[[str], BeatStore]) -> None:
+    replicas = [stores(name) for name in ("a", "b", "c")]
+    at = datetime(2026, 1, 1, 10, tzinfo=UTC)
+    key = retention.slot_key(at)
+    won = [s.claim_job(retention.SWEEP_JOB, at, key) for s in replicas]
+    assert won.count(True) == 1
+    next_slot = at + retention.SWEEP_EVERY
+    won = [
+        s.claim_job(retention.SWEEP_JOB, next_slot, retention.slot_key(next_slot))
+        for s in reversed(replicas)
+    ]
+    assert won.count(True) == 1
+    # The sweep's claims are claims only: no run row shows them as runs.
+    assert recent(replicas[0]) == []
+
+
+@pytest.mark.parametrize("composite", [False, True], ids=["key", "composite-key"])
+def test_retention_of_an_app_table(stores: Callable[[str], BeatStore], composite: bool) -> None:
+    store = stores()
+    events = sa.Table(
+        "app_events",
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("part", sa.Integer, primary_key=composite),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    )
+    with store.database.engine.begin() as conn:
+        events.create(conn)
+        conn.execute(
+            events.insert(),
+            [{"id": n, "part": 0, "created_at": T0 + timedelta(hours=n)} for n in range(5)],
+        )
+    try:
+        assert store.delete_expired("app_events", "created_at", T0 + timedelta(hours=3)) == 3
+        with pytest.raises(ConfigurationError) as info:
+            store.delete_expired("app_events", "made_at", T0)
+        assert info.value.field == "time_column" and "'made_at'" in str(info.value)
+        with pytest.raises(ConfigurationError) as info:
+            store.delete_expired("no_such_table", "created_at", T0)
+        assert info.value.field == "table" and "'no_such_table'" in str(info.value)
+    finally:
+        with store.database.engine.begin() as conn:
+            events.drop(conn)
 
 
 @pytest.mark.parametrize("status", ["claimed", "done"])
@@ -385,15 +417,52 @@ def test_passwords_are_hidden() -> None:
     assert "app:***@db" in shown
 
 
-def test_sweep_deletes_in_short_batches(
-    stores: Callable[[str], BeatStore], monkeypatch: pytest.MonkeyPatch
+ROWS = 200_000
+
+
+def test_retention_deletes_200000_rows_in_short_transactions(
+    stores: Callable[[str], BeatStore],
 ) -> None:
-    monkeypatch.setattr(beat_module, "SWEEP_BATCH", 3)
+    """Every transaction of a sweep is one DELETE of at most SWEEP_BATCH rows: the claim path
+    waits for one batch at most, never for the whole sweep."""
     store = stores()
-    store.claim([occ(n) for n in range(10)], coordination=LOCK, lease=LEASE)
-    assert store.sweep(
-        claims_before=datetime.now(UTC) + timedelta(1), runs_before=T0 + timedelta(1)
-    ) == (10, 10)
+    # Old finished runs, and one queued run as old that has to stay.
+    fill = {
+        "postgresql": "INSERT INTO _voltro_schedule_runs (id, schedule, task, task_id,"
+        " scheduled_at, coordination_outcome, status) SELECT 's@' || i, 's', 't', 'id' || i,"
+        " TIMESTAMPTZ '2000-01-01 00:00:00+00', 'won_lock', 'succeeded'"
+        " FROM generate_series(1, :rows) AS i",
+        "sqlite": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :rows)"
+        " INSERT INTO _voltro_schedule_runs (id, schedule, task, task_id, scheduled_at,"
+        " coordination_outcome, status) SELECT 's@' || i, 's', 't', 'id' || i,"
+        " '2000-01-01 00:00:00.000000', 'won_lock', 'succeeded' FROM n",
+    }[store.database.dialect]
+    with store.database.engine.begin() as conn:
+        conn.execute(sa.text(fill), {"rows": ROWS})
+    store.claim([occ(0, status=Status.QUEUED)], coordination=LOCK, lease=LEASE)
+    transactions: list[list[int]] = []
+    engine = store.database.engine
+
+    def begun(conn: sa.Connection) -> None:
+        transactions.append([])
+
+    def executed(conn: sa.Connection, cursor: object, statement: str, *args: object) -> None:
+        if statement.lstrip().upper().startswith("DELETE"):
+            transactions[-1].append(cursor.rowcount)  # type: ignore[attr-defined]
+
+    sa.event.listen(engine, "begin", begun)
+    sa.event.listen(engine, "after_cursor_execute", executed)
+    before = datetime(2001, 1, 1, tzinfo=UTC)
+    removed = []
+    while not removed or removed[-1] == beat_module.SWEEP_BATCH:
+        removed.append(store.delete_expired(RUNS, "scheduled_at", before))
+    sa.event.remove(engine, "begin", begun)
+    sa.event.remove(engine, "after_cursor_execute", executed)
+    assert sum(removed) == ROWS
+    assert len(removed) == ROWS // beat_module.SWEEP_BATCH + 1
+    deletes = [t for t in transactions if t]
+    assert deletes == [[n] for n in removed]
+    assert [r["status"] for r in recent(store)] == ["queued"]
 
 
 # -- what the operator's commands read (voltro-beat status, runs, claims, backfill, db check) --

@@ -16,7 +16,7 @@ def test_defaults() -> None:
     assert s.coordination == "advisory_lock"
     assert s.max_lateness == timedelta(days=1)
     assert s.claims_ttl == timedelta(hours=24)
-    assert s.runs_ttl == timedelta(days=7)
+    assert s.runs_ttl == timedelta(days=30)
     assert s.migrate is True
     assert s.timezone is None
 

@@ -15,20 +15,23 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from voltro_beat.coordination import Coordination, Outcome
+from voltro_beat.exceptions import ConfigurationError
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.status import KEPT_BY_RETENTION, Reason, Status
 from voltro_beat.store import postgresql
 from voltro_beat.store.database import SQLITE_CHUNK, Database, chunks
-from voltro_beat.store.tables import LIVE, claims, replicas, runs
+from voltro_beat.store.tables import LIVE, claims, metadata, replicas, runs
 
 #: SQLite's clock as the statement runs (see voltro_beat.store.database).
 _SQLITE_NOW: sa.ColumnElement[Any] = sa.func.voltro_now()
 
-#: Rows deleted per retention transaction.
-SWEEP_BATCH = 10_000
+#: Rows deleted per retention transaction: short enough that the claim path never waits long
+#: behind it (SQLite has one writer at a time).
+SWEEP_BATCH = 5_000
 
 
 class BeatStore:
@@ -37,6 +40,8 @@ class BeatStore:
     def __init__(self, database: Database, *, replica: str) -> None:
         self.database = database
         self.replica = replica
+        #: Tables of the app's retention policies, as read from the database.
+        self._reflected: dict[str, sa.Table] = {}
 
     @property
     def display_url(self) -> str:
@@ -498,31 +503,68 @@ class BeatStore:
 
     # -- retention -----------------------------------------------------------------------
 
-    def sweep(self, *, claims_before: datetime, runs_before: datetime) -> tuple[int, int]:
-        """Delete claims and runs older than the cut-offs, but for the statuses retention
-        keeps (``queued``); return how many of each went."""
-        return (
-            self._delete_in_batches(claims, claims.c.claimed_at < claims_before),
-            self._delete_in_batches(
-                runs,
-                sa.and_(
-                    runs.c.scheduled_at < runs_before,
-                    runs.c.status.not_in([s.value for s in KEPT_BY_RETENTION]),
-                ),
-            ),
+    def claim_job(self, job: str, at: datetime, key: str) -> bool:
+        """Claim ``key``, the run of voltro_beat's own ``job`` (the retention sweep) at
+        ``at``, in the claims table alone: the gate every occurrence goes through decides
+        which replica does it, and no run row is written (it is not a task)."""
+        insert = postgresql_insert if self.database.dialect == "postgresql" else sqlite_insert
+        stmt = (
+            insert(claims)
+            .values(
+                id=key,
+                schedule=job,
+                scheduled_at=at,
+                claimed_at=self.database.now(),
+                replica=self.replica,
+            )
+            .on_conflict_do_nothing()
+            .returning(claims.c.id)
         )
+        with self.database.connect() as conn, conn.begin():
+            return conn.execute(stmt).first() is not None
 
-    def _delete_in_batches(self, table: sa.Table, condition: sa.ColumnElement[bool]) -> int:
-        # Short transactions: a sweep over millions of rows must not hold locks for minutes.
-        doomed = sa.select(table.c.id).where(condition).limit(SWEEP_BATCH).scalar_subquery()
-        stmt = sa.delete(table).where(table.c.id.in_(doomed))
-        total = 0
-        while True:
-            with self.database.connect() as conn, conn.begin():
-                deleted = conn.execute(stmt).rowcount
-            total += deleted
-            if deleted < SWEEP_BATCH:
-                return total
+    def delete_expired(self, table: str, time_column: str, before: datetime) -> int:
+        """Delete at most :data:`SWEEP_BATCH` rows of ``table`` whose ``time_column`` is older
+        than ``before``, in one short transaction; return how many went (fewer than a batch:
+        none is left). The runs table keeps its ``queued`` rows whatever the bound: they still
+        have to be published or recorded missed."""
+        with self.database.connect() as conn, conn.begin():
+            target = self._table(conn, table)
+            column = target.c.get(time_column)
+            if column is None:
+                raise ConfigurationError(
+                    f"table {table!r} has no column {time_column!r}", field="time_column"
+                )
+            condition = column < sa.bindparam("before", before, type_=column.type)
+            if target is runs:
+                condition = sa.and_(
+                    condition, runs.c.status.not_in([s.value for s in KEPT_BY_RETENTION])
+                )
+            key = list(target.primary_key.columns)
+            if not key:
+                raise ConfigurationError(
+                    f"table {table!r} has no primary key to delete by in batches", field="table"
+                )
+            doomed = sa.select(*key).where(condition).limit(SWEEP_BATCH)
+            where = (
+                key[0].in_(doomed.scalar_subquery())
+                if len(key) == 1
+                else sa.tuple_(*key).in_(doomed)
+            )
+            return int(conn.execute(sa.delete(target).where(where)).rowcount)
+
+    def _table(self, conn: sa.Connection, name: str) -> sa.Table:
+        """voltro_beat's own table ``name``, or an app's, read from the database once."""
+        found = metadata.tables.get(name)
+        if found is None:
+            found = self._reflected.get(name)
+        if found is None:
+            try:
+                found = sa.Table(name, sa.MetaData(), autoload_with=conn)
+            except sa.exc.NoSuchTableError:
+                raise ConfigurationError(f"no table {name!r} in the store", field="table") from None
+            self._reflected[name] = found
+        return found
 
     def close(self) -> None:
         self.database.dispose()
