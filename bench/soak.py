@@ -6,7 +6,7 @@
 Three real :class:`~voltro_beat.scheduler.VoltroScheduler` replicas share one SQLite store and
 kombu's in-memory broker in this process, on a driven clock: each replica ticks at the instant
 its previous tick asked to be woken at (a discrete-event simulation: a simulated day takes
-about two hours on two busy cores, not a day). SQLite's store reads the same driven clock, so
+about 45 minutes on two busy cores, not a day). SQLite's store reads the same driven clock, so
 the claims' ``claimed_at``, the pruning and the hourly retention sweep (24 h claims, 30 d
 runs) all see simulated time. Every simulated minute the claims table is counted and the
 broker drained.
