@@ -168,6 +168,19 @@ class ChaosDeployment(Deployment):
             ).fetchall()
         return Counter({replica: n for replica, n in rows})
 
+    def claimed_keys(self, instant: datetime) -> dict[str, set[str]]:
+        """The keys of ``instant`` each replica claimed (the claims table: it keeps them
+        whatever became of the runs)."""
+        with psycopg.connect(self.libpq_store, autocommit=True, connect_timeout=5) as conn:
+            rows = conn.execute(
+                "SELECT replica, id FROM _voltro_schedule_claims WHERE scheduled_at = %s",
+                (instant,),
+            ).fetchall()
+        claimed: dict[str, set[str]] = {}
+        for replica, key in rows:
+            claimed.setdefault(replica, set()).add(key)
+        return claimed
+
     def held_keys(self, instant: datetime) -> dict[str, set[str]]:
         """The ``claimed`` keys of ``instant``, by replica."""
         with psycopg.connect(self.libpq_store, autocommit=True, connect_timeout=5) as conn:
