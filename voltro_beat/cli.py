@@ -214,8 +214,8 @@ def runs(
             schedule=schedule,
             status=None if status is None else Status(status),
             limit=count,
-            since=None if since is None else _instant(since, "--since"),
-            until=None if until is None else _instant(until, "--until"),
+            since=None if since is None else _instant(since, "--since", database),
+            until=None if until is None else _instant(until, "--until", database),
         )
     for row in rows:
         row["lag"] = _lag(row)
@@ -469,7 +469,9 @@ def claims(store_url: str, since: str | None, count: int) -> None:
     """Print the newest claims, and how many each replica holds."""
     with _errors(), _open(store_url) as database:
         rows, per_replica = reads.recent_claims(
-            database, since=None if since is None else _instant(since, "--since"), limit=count
+            database,
+            since=None if since is None else _instant(since, "--since", database),
+            limit=count,
         )
     table = Table(title=f"_voltro_schedule_claims ({len(rows)} newest)")
     for column in ("id", "replica", "claimed"):
@@ -501,9 +503,10 @@ def backfill(store_url: str, name: str, since: str, until: str, dry_run: bool, y
     with _errors(), _open(store_url) as database:
         settings, entries = schedule_of(app, store_url)
         entry = _entry(entries, name)
-        start, end = _instant(since, "--since"), _instant(until, "--until")
+        start, end = _instant(since, "--since", database), _instant(until, "--until", database)
         if end <= start:
             raise click.ClickException(f"--until ({end}) must be after --since ({start})")
+        _not_ahead(end, "--until", database)
         instants = list(
             itertools.islice(occurrences_between(entry.spec, start, end), MAX_BACKFILL + 1)
         )
@@ -551,7 +554,11 @@ def run_now(store_url: str, name: str, at: str | None) -> None:
     with _errors(), _open(store_url) as database:
         settings, entries = schedule_of(app, store_url)
         entry = _entry(entries, name)
-        when = database.time() if at is None else _instant(at, "--at")
+        when = (
+            database.time()
+            if at is None
+            else _not_ahead(_instant(at, "--at", database), "--at", database)
+        )
         instant = latest_at_or_before(entry.spec, when)
         if instant is None:
             raise click.ClickException(f"schedule {name!r} has no occurrence at or before {when}")
@@ -648,16 +655,15 @@ def _publish(
         on_demand.close()
 
 
-def _instant(text: str, option: str) -> datetime:
-    """An ISO 8601 instant (naive means UTC), ``now``, or ``15m`` / ``2h`` / ``3d`` ago."""
+def _instant(text: str, option: str, database: Database) -> datetime:
+    """An ISO 8601 instant (naive means UTC), ``now``, or ``15m`` / ``2h`` / ``3d`` ago: now
+    on the database's clock, as the replicas read it (guarantee 9), not this host's."""
     text = text.strip()
     ago = _AGO.match(text)
-    # Whole seconds: a window given as "2h" to "1h" starts and ends on a second.
-    current = datetime.now(UTC).replace(microsecond=0)
-    if ago:
-        return current - timedelta(**{_UNITS[ago[2]]: float(ago[1])})
-    if text == "now":
-        return current
+    if ago or text == "now":
+        # Whole seconds: a window given as "2h" to "1h" starts and ends on a second.
+        current = database.time().replace(microsecond=0)
+        return current - timedelta(**{_UNITS[ago[2]]: float(ago[1])}) if ago else current
     try:
         at = datetime.fromisoformat(text)
     except ValueError:
@@ -666,6 +672,18 @@ def _instant(text: str, option: str) -> datetime:
             "'now', or a time ago (90s, 15m, 2h, 3d)"
         ) from None
     return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def _not_ahead(at: datetime, option: str, database: Database) -> datetime:
+    """``at``, unless it is later than now on the database's clock: occurrences still to come
+    are beat's to publish at their instant, not an operator's to publish early."""
+    current = database.time()
+    if at > current:
+        raise click.ClickException(
+            f"{option} {at.isoformat()} is ahead of the database's clock ({current.isoformat()}):"
+            " only past occurrences can be published by hand"
+        )
+    return at
 
 
 def _lag(row: Mapping[str, Any]) -> float | None:

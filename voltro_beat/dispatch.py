@@ -153,7 +153,8 @@ class Dispatcher:
             if self.broker_down:
                 logger.warning("voltro_beat: broker is reachable again")
             self.broker_down = False
-        self.metrics.published(occurrences[: len(confirmed)], self.now())
+        if self.metrics.enabled:
+            self.metrics.published(occurrences[: len(confirmed)], self.now())
         return confirmed
 
     def _mark(self, keys: list[str]) -> None:

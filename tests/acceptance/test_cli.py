@@ -209,6 +209,7 @@ def test_db_check(scenario: Scenario, tmp_path: Path) -> None:
 def test_errors_are_one_line_and_exit_1(scenario: Scenario, tmp_path: Path) -> None:
     dep = scenario.dep
     bare = {k: v for k, v in dep.env().items() if k != "VOLTRO_BEAT_STORE_URL"}
+    ahead = (now() + timedelta(hours=2)).isoformat()
     cases = {
         "store unreachable": (
             ["runs", "--store", f"postgresql://root@127.0.0.1:{free_port()}/nothing"],
@@ -240,6 +241,26 @@ def test_errors_are_one_line_and_exit_1(scenario: Scenario, tmp_path: Path) -> N
         "app not importable": (
             ["status", "-A", "no_such_module_here"],
             "cannot import the Celery app 'no_such_module_here'",
+        ),
+        # Occurrences still to come are beat's: never published early by hand.
+        "backfill into the future": (
+            [
+                "backfill",
+                EVERY_2S.name,
+                "--since",
+                "1m",
+                "--until",
+                ahead,
+                "-A",
+                "vbt_ops_proj",
+                "--store",
+                dep.store_url,
+            ],
+            "--until " + ahead,
+        ),
+        "run in the future": (
+            ["run", HOURLY.name, "--at", ahead, "-A", "vbt_ops_proj", "--store", dep.store_url],
+            "is ahead of the database's clock",
         ),
     }
     for what, (args, expected) in cases.items():

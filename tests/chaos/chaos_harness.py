@@ -148,58 +148,35 @@ class ChaosDeployment(Deployment):
     def libpq_store(self) -> str:
         return self.store_url.replace("postgresql+psycopg://", "postgresql://", 1)
 
-    def claimed_at(self, instant: datetime) -> Counter[str]:
-        """Replicas holding ``claimed`` rows of ``instant``, with how many each."""
-        with psycopg.connect(self.libpq_store, autocommit=True, connect_timeout=5) as conn:
-            rows = conn.execute(
-                "SELECT replica, count(*) FROM _voltro_schedule_runs"
-                " WHERE scheduled_at = %s AND status = 'claimed' GROUP BY replica",
-                (instant,),
-            ).fetchall()
-        return Counter({replica: n for replica, n in rows})
-
-    def claimers(self, instant: datetime) -> Counter[str]:
-        """Which replicas claimed the occurrences of ``instant`` (the claims table), how many."""
-        with psycopg.connect(self.libpq_store, autocommit=True, connect_timeout=5) as conn:
-            rows = conn.execute(
-                "SELECT replica, count(*) FROM _voltro_schedule_claims"
-                " WHERE scheduled_at = %s GROUP BY replica",
-                (instant,),
-            ).fetchall()
-        return Counter({replica: n for replica, n in rows})
-
     def claimed_keys(self, instant: datetime) -> dict[str, set[str]]:
         """The keys of ``instant`` each replica claimed (the claims table: it keeps them
         whatever became of the runs)."""
-        with psycopg.connect(self.libpq_store, autocommit=True, connect_timeout=5) as conn:
-            rows = conn.execute(
-                "SELECT replica, id FROM _voltro_schedule_claims WHERE scheduled_at = %s",
-                (instant,),
-            ).fetchall()
-        claimed: dict[str, set[str]] = {}
-        for replica, key in rows:
-            claimed.setdefault(replica, set()).add(key)
-        return claimed
+        return self._keys_by_replica(
+            "SELECT replica, id FROM _voltro_schedule_claims WHERE scheduled_at = %s", instant
+        )
 
     def held_keys(self, instant: datetime) -> dict[str, set[str]]:
-        """The ``claimed`` keys of ``instant``, by replica."""
+        """The keys of ``instant`` each replica holds still ``claimed`` (not yet sent)."""
+        return self._keys_by_replica(
+            "SELECT replica, id FROM _voltro_schedule_runs"
+            " WHERE scheduled_at = %s AND status = 'claimed'",
+            instant,
+        )
+
+    def _keys_by_replica(self, query: str, instant: datetime) -> dict[str, set[str]]:
         with psycopg.connect(self.libpq_store, autocommit=True, connect_timeout=5) as conn:
-            rows = conn.execute(
-                "SELECT replica, id FROM _voltro_schedule_runs"
-                " WHERE scheduled_at = %s AND status = 'claimed'",
-                (instant,),
-            ).fetchall()
-        held: dict[str, set[str]] = {}
+            rows = conn.execute(query, (instant,)).fetchall()
+        keys: dict[str, set[str]] = {}
         for replica, key in rows:
-            held.setdefault(replica, set()).add(key)
-        return held
+            keys.setdefault(replica, set()).add(key)
+        return keys
 
     def wait_for_claims(self, instant: datetime, *, until: datetime) -> dict[str, set[str]]:
         """Poll until ``instant``'s claims ahead show up (or ``until``), let the other
         replicas' claim statements finish, and return the claimed keys by replica."""
         while True:
             with contextlib.suppress(psycopg.Error):
-                if self.claimed_at(instant):
+                if self.held_keys(instant):
                     break
             if now() >= until:
                 return {}

@@ -73,8 +73,9 @@ def test_stalled_broker_write_of_the_burst_holder(
         accepted=redis_accepted(chaos.workdir),
     )
     burst_keys = keys_at(BURST, instant)
+    claimed = len(dep.claimed_keys(instant).get(name, ()))
     row.notes += [
-        f"{name} claimed {dep.claimers(instant)[name]} of the {len(SCHEDULES)} runs of the instant;"
+        f"{name} claimed {claimed} of the {len(SCHEDULES)} runs of the instant;"
         f" its writes held from {(stalled - instant).total_seconds():+.3f}s for"
         f" {(released - stalled).total_seconds():.1f}s (publish timeout"
         f" {PUBLISH_TIMEOUT.total_seconds():g}s), {sent} bytes delivered on release",
