@@ -321,6 +321,7 @@ def publish_block(
             },
         )
     store.mark_published([o.key for o in occurrences])
+    store.settle([o.key for o in occurrences])
     return [o.key for o in occurrences]
 
 

@@ -9,8 +9,12 @@ recovery sweep, a queued run's promotion):
 2. **write** the chunk to the broker; while the write is under way the leases are renewed from a
    thread of their own, so a broker that is merely slow keeps its runs (a paused process renews
    nothing, and loses them);
-3. **mark** the chunk ``published`` once the broker confirmed it, on a thread of its own while
-   the next chunk is written: at most two chunks are ever written and unmarked at once.
+3. **mark** the chunk once the broker confirmed it (its publish time stamped, its leases
+   ended: no recovery takes it over any more), on a thread of its own while the next chunk is
+   written: at most two chunks are ever written and unmarked at once;
+4. **settle**: once every chunk is written and marked, the marked runs still ``claimed`` are
+   recorded ``published`` (the status change costs the store more than the mark, and waits
+   until the messages are out).
 
 Beat fences the runs of an instant a little before it, so that at the instant only writes and
 marks are left; the pause between a fence and its write (a fraction of a second, unless the
@@ -85,14 +89,16 @@ class Dispatcher:
         return Fenced([o for o in occurrences if o.key in fenced], at)
 
     def deliver(self, chunks: Sequence[Fenced]) -> bool:
-        """Write fenced ``chunks`` in order, each marked as soon as the broker confirmed it;
-        False (and the rest left for recovery) once the broker fails.
+        """Write fenced ``chunks`` in order, each marked as soon as the broker confirmed it,
+        then settle them; False (and the rest left for recovery) once the broker fails.
 
         A chunk fenced half a lease ago or more (this process was paused or held up since) is
         fenced again first: the store decides again what is still this replica's.
         Raises :class:`StoreError` if a mark failed: those runs wait in :attr:`unmarked`.
         """
         marking: Future[None] | None = None
+        marked: list[str] = []
+        complete = True
         try:
             for fenced in chunks:
                 if self.now() - fenced.fenced_at >= self.lease / 2:
@@ -105,12 +111,15 @@ class Dispatcher:
                 if marking is not None:
                     marking.result()
                 marking = self._marker.submit(self._mark, sent) if sent else None
+                marked += sent
                 if len(sent) < len(chunk):
-                    return False
-            return True
+                    complete = False
+                    break
         finally:
             if marking is not None:
                 marking.result()
+        self.store.settle(marked)
+        return complete
 
     def send(self, occurrences: Sequence[Occurrence]) -> bool:
         """Fence and deliver ``occurrences`` now, a chunk at a time; False if the broker
@@ -125,6 +134,7 @@ class Dispatcher:
         if self.unmarked:
             keys, self.unmarked = self.unmarked, []
             self._mark(keys)
+            self.store.settle(keys)
 
     def close(self) -> None:
         self._marker.shutdown(wait=True)

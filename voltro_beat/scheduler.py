@@ -514,11 +514,13 @@ class VoltroScheduler(beat.Scheduler):
 
     def _recover(self) -> None:
         """Record runs left ``claimed`` past their deadline as missed, and take over and
-        republish the others whose lease ran out (crashed or paused replica, broker outage).
+        republish the others whose lease ran out (crashed or paused replica, broker outage);
+        first, record as published the runs a replica marked and stopped before settling.
 
         A chunk at a time, each leased when taken; chunks follow one another for at most half
         a lease, or until the broker fails.
         """
+        self._store.settle_abandoned(after=self._lease)
         if not self._store.any_lapsed():
             return
         started = time.monotonic()

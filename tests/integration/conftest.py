@@ -30,7 +30,19 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         return
     base = request.getfixturevalue("postgres_url")
     yield base
-    engine = sa.create_engine(base)
+    drop_tables(base)
+
+
+@pytest.fixture
+def pg_url(postgres_url: str) -> Iterator[str]:
+    """The module's PostgreSQL database, its tables dropped afterwards (for what only
+    PostgreSQL has)."""
+    yield postgres_url
+    drop_tables(postgres_url)
+
+
+def drop_tables(url: str) -> None:
+    engine = sa.create_engine(url)
     with engine.begin() as conn:
         for table in (*metadata.tables, VERSION_TABLE):
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")

@@ -111,6 +111,7 @@ class Ledger:
         assert won == {key}
         self.send(published, queue=queue, headers=headers, **options)
         self.store.mark_published([key])
+        self.store.settle([key])
         return published
 
     def send(self, p: Published, *, queue: str, headers: bool = True, **options: Any) -> None:

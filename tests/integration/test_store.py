@@ -18,7 +18,7 @@ from voltro_beat.exceptions import ConfigurationError, StoreError
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.status import Reason, Status
 from voltro_beat.store import beat as beat_module
-from voltro_beat.store import reads
+from voltro_beat.store import postgresql, reads
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database, hide_password
 from voltro_beat.store.tables import CLAIMS, RUNS, VERSION_TABLE, metadata, runs
@@ -167,7 +167,7 @@ def test_concurrent_upgrades_do_not_race(url: str) -> None:
     assert errors == []
 
 
-def test_mark_published_keeps_a_status_the_worker_already_moved(
+def test_mark_then_settle_keeps_a_status_the_worker_already_moved(
     stores: Callable[[str], BeatStore],
 ) -> None:
     store = stores()
@@ -178,9 +178,32 @@ def test_mark_published_keeps_a_status_the_worker_already_moved(
             {"k": occ(1).key},
         )
     assert store.mark_published([occ(0).key, occ(1).key]) == set()
+    # The mark stamps the publish time and ends the lease; the status waits for the settle.
+    assert status(store, occ(0).key)[0] == "claimed"
+    assert all(r["published_at"] is not None and r["lease_until"] is None for r in recent(store))
+    store.settle([occ(0).key, occ(1).key])
     assert status(store, occ(0).key)[0] == "published"
     assert status(store, occ(1).key)[0] == "started"
-    assert all(r["published_at"] is not None for r in recent(store))
+
+
+def test_a_marked_run_is_never_taken_over_nor_missed_and_is_settled_once_abandoned(
+    stores: Callable[[str], BeatStore],
+) -> None:
+    """A replica that stops between its marks and their settle leaves rows ``claimed`` with
+    their publish time stamped: sent, so no recovery republishes them or records them
+    missed; recovery records them ``published`` a lease after their mark."""
+    a, b = stores("a"), stores("b")
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    sent, unsent = occ(0, deadline=past), occ(1, deadline=past)
+    a.claim([sent, unsent], coordination=LOCK, lease=SHORT)
+    a.mark_published([sent.key])
+    time.sleep(SHORT.total_seconds() * 1.5)  # every lease and deadline has run out
+    assert b.settle_abandoned(after=LEASE) == 0  # marked too recently
+    assert [o.key for o in b.expire(known={"s"}, limit=10)] == [unsent.key]
+    assert b.take_over(schedules={"s"}, hold=LEASE, limit=10) == []
+    assert status(b, sent.key)[0] == "claimed"
+    assert b.settle_abandoned(after=timedelta(0)) == 1
+    assert status(b, sent.key)[0] == "published"
 
 
 def test_a_lease_is_taken_over_only_once_it_ran_out(stores: Callable[[str], BeatStore]) -> None:
@@ -474,6 +497,7 @@ def test_operator_reads(stores: Callable[[str], BeatStore]) -> None:
     b.claim([occ(n) for n in range(4, 6)], coordination=LOCK, lease=LEASE)
     a.claim([occ(6, status=Status.MISSED, reason=Reason.LATE)], coordination=LOCK, lease=LEASE)
     a.mark_published([occ(n).key for n in range(3)])
+    a.settle([occ(n).key for n in range(3)])
     with a.database.connect() as conn, conn.begin():
         conn.execute(
             sa.update(runs).where(runs.c.id == occ(0).key).values(status=Status.SUCCEEDED.value)
@@ -502,6 +526,7 @@ def test_operator_reads(stores: Callable[[str], BeatStore]) -> None:
     backfilled = occ(0, schedule="bf", reason=Reason.BACKFILL)
     b.claim([backfilled], coordination=LOCK, lease=LEASE)
     b.mark_published([backfilled.key])
+    b.settle([backfilled.key])
     (bf,) = reads.summaries(db, ["bf"], now=T0).values()
     assert bf.counts == {"published": 1} and bf.lags == []
 
@@ -524,3 +549,38 @@ def test_operator_reads_of_an_empty_database(url: str) -> None:
         assert all(error is not None for error in check.tables.values())
     finally:
         database.dispose()
+
+
+def test_fence_renewal_and_mark_update_rows_in_place(pg_url: str) -> None:
+    """Issue 9's burst target: on PostgreSQL the fence, a lease renewal and the mark of
+    freshly claimed runs are HOT updates (no index entries: several times cheaper, and the
+    mark is on a burst's critical path). Fails if one of them sets an indexed column (the
+    status, say) or if the table's pages lack room (migration 0005's fill factor)."""
+    store = open_store(pg_url, replica="a")
+    store.database.upgrade()
+    batch = [occ(n) for n in range(600)]
+    store.claim(batch, coordination=LOCK, lease=LEASE)
+    keys = [o.key for o in batch]
+    seen = {"updated": 0, "in place": 0}
+    stats = (
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables"
+        f" WHERE relname = '{runs.name}'"
+    )
+    steps = [
+        (postgresql.FENCE, {"keys": keys, "replica": "a", "hold": 10.0}),
+        (postgresql.FENCE, {"keys": keys, "replica": "a", "hold": 10.0}),
+        (postgresql.MARK_PUBLISHED, {"keys": keys}),
+    ]
+    try:
+        for statement, params in steps:
+            # One transaction per step, as the dispatcher's: what a step left dead is pruned
+            # by the next one.
+            with store.database.engine.begin() as conn:
+                updated, in_place = conn.execute(sa.text(stats)).one()
+                assert len(conn.execute(sa.text(statement), params).all()) == len(keys)
+                after = conn.execute(sa.text(stats)).one()
+                seen["updated"] += after[0] - updated
+                seen["in place"] += after[1] - in_place
+    finally:
+        store.close()
+    assert seen == {"updated": 3 * len(keys), "in place": 3 * len(keys)}

@@ -32,6 +32,8 @@ _SQLITE_NOW: sa.ColumnElement[Any] = sa.func.voltro_now()
 #: Rows deleted per retention transaction: short enough that the claim path never waits long
 #: behind it (SQLite has one writer at a time).
 SWEEP_BATCH = 5_000
+#: Runs recorded ``published`` per statement of :meth:`BeatStore.settle`.
+SETTLE_BATCH = 1_000
 
 
 class BeatStore:
@@ -245,12 +247,12 @@ class BeatStore:
         return fenced
 
     def mark_published(self, keys: Iterable[str]) -> set[str]:
-        """Stamp ``published_at`` and end the leases; a row still ``claimed`` becomes
-        ``published``. Returns the keys whose row names another replica by now: sent after
-        this replica lost them (see guarantee 10).
+        """Stamp ``published_at`` and end the leases of ``keys``, whose messages the broker
+        confirmed: from then on no recovery takes them over. Returns the keys whose row names
+        another replica by now: sent after this replica lost them (see guarantee 10).
 
-        The worker may already have moved a row on (started, even succeeded): its status
-        stays.
+        The status moves in :meth:`settle`: a mark changes no indexed column, so on PostgreSQL
+        it updates each row in place, cheap enough to come between two chunks of a burst.
         """
         keys = list(keys)
         if not keys:
@@ -264,14 +266,7 @@ class BeatStore:
             stmt = (
                 sa.update(runs)
                 .where(runs.c.id.in_(sa.bindparam("keys", expanding=True)))
-                .values(
-                    published_at=self.database.clock(),
-                    lease_until=None,
-                    status=sa.case(
-                        (runs.c.status == Status.CLAIMED, Status.PUBLISHED.value),
-                        else_=runs.c.status,
-                    ),
-                )
+                .values(published_at=self.database.clock(), lease_until=None)
                 .returning(runs.c.id, runs.c.replica)
             )
             for chunk in chunks(keys, SQLITE_CHUNK):
@@ -281,6 +276,46 @@ class BeatStore:
                     if replica != self.replica
                 )
         return lost
+
+    def settle(self, keys: Iterable[str]) -> None:
+        """Record as ``published`` the marked runs of ``keys`` still ``claimed``: a statement
+        per :data:`SETTLE_BATCH` rows, so that a worker's ledger write never waits long on
+        their row locks. The worker may already have moved a row on (started, even
+        succeeded): its status stays.
+        """
+        keys = list(keys)
+        if not keys:
+            return
+        if self.database.dialect == "postgresql":
+            with self.database.connect(autocommit=True) as conn:
+                for batch in chunks(keys, SETTLE_BATCH):
+                    conn.execute(sa.text(postgresql.SETTLE), {"keys": list(batch)})
+            return
+        stmt = (
+            sa.update(runs)
+            .where(
+                runs.c.id.in_(sa.bindparam("keys", expanding=True)),
+                runs.c.status == Status.CLAIMED,
+                runs.c.published_at.is_not(None),
+            )
+            .values(status=Status.PUBLISHED.value)
+        )
+        self._write_in_chunks(stmt, keys)
+
+    def settle_abandoned(self, *, after: timedelta) -> int:
+        """Record as ``published`` the runs marked more than ``after`` ago and still
+        ``claimed``: their replica stopped (or lost the store) between their mark and its
+        :meth:`settle`. Returns how many."""
+        with self.database.connect() as conn, conn.begin():
+            stmt = (
+                sa.update(runs)
+                .where(
+                    runs.c.status == Status.CLAIMED,
+                    runs.c.published_at < self.database.now() - after,
+                )
+                .values(status=Status.PUBLISHED.value)
+            )
+            return conn.execute(stmt).rowcount
 
     def mark_missed(
         self, keys: Iterable[str], *, reason: Reason, waiting: Status = Status.CLAIMED
