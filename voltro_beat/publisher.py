@@ -30,7 +30,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -62,6 +62,15 @@ def uuid4_str(raw: bytes) -> str:
     """``str(uuid.UUID(bytes=raw, version=4))`` without building the object."""
     h = raw.hex()
     return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+
+
+def delivery_tags(count: int) -> Iterator[str]:
+    """``count`` fresh delivery tags: the consumer's ack/restore key (the ``unacked`` hash),
+    unique per message, uuid4 strings as kombu's own ``_next_delivery_tag`` makes them; the
+    randomness of a whole chunk read at once (a system call per message costs more than the
+    rest of its payload)."""
+    raw = os.urandom(16 * count)
+    return (uuid4_str(raw[i : i + 16]) for i in range(0, 16 * count, 16))
 
 
 #: Bounded so that a broker outage cannot stall the tick: one quick reconnect, then give up
@@ -160,11 +169,10 @@ class _RedisPush(NamedTuple):
         own = push.render(headers["id"], headers["voltro_occurrence"], properties["delivery_tag"])
         return push if own == kombu_redis.dumps(message) else None
 
-    def payload(self, key: str, task_id: str) -> str:
-        """The exact string kombu would LPUSH for this occurrence."""
-        # The delivery tag is the consumer's ack/restore key (the ``unacked`` hash): unique per
-        # message, a uuid4 string as kombu's own ``_next_delivery_tag`` makes it.
-        return self.render(task_id, key, uuid4_str(os.urandom(16)))
+    def payload(self, key: str, task_id: str, tag: str) -> str:
+        """The exact string kombu would LPUSH for this occurrence, with delivery tag ``tag``
+        (see :func:`delivery_tags`)."""
+        return self.render(task_id, key, tag)
 
     def render(self, task_id: str, key: str, tag: str) -> str:
         values = (_encode(task_id), _encode(key), _encode(tag))
@@ -266,13 +274,15 @@ class Publisher:
             confirms = self._confirms
             first = 0 if confirms is None else confirms.published
             templates = [self._template(producer, entry) for entry, _, _ in messages]
+            tags = delivery_tags(sum(isinstance(t, _RedisPush) for t in templates))
             with producer.batch(max_size=max(1, len(messages))):
                 for (entry, key, task_id), template in zip(messages, templates, strict=True):
                     if template is None:
                         self._send(producer, entry, key, task_id)
                     elif isinstance(template, _RedisPush):
                         self._declare(producer, template.declare)
-                        pushes.append((template.list_key, template.payload(key, task_id)))
+                        payload = template.payload(key, task_id, next(tags))
+                        pushes.append((template.list_key, payload))
                     else:
                         retry = not batched and confirms is None
                         self._replay(producer, template, key, task_id, retry=retry)
