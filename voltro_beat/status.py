@@ -15,7 +15,8 @@ from enum import StrEnum
 class Status(StrEnum):
     """Where the run of one occurrence stands. The order is the table's and the docs'."""
 
-    #: Claimed by a replica; its message is not confirmed by the broker yet.
+    #: Claimed by a replica; its message is not confirmed by the broker yet, unless its
+    #: ``published_at`` is stamped (the status follows once the instant's writes are done).
     CLAIMED = "claimed"
     #: The broker took the message.
     PUBLISHED = "published"

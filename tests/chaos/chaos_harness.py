@@ -159,7 +159,7 @@ class ChaosDeployment(Deployment):
         """The keys of ``instant`` each replica holds still ``claimed`` (not yet sent)."""
         return self._keys_by_replica(
             "SELECT replica, id FROM _voltro_schedule_runs"
-            " WHERE scheduled_at = %s AND status = 'claimed'",
+            " WHERE scheduled_at = %s AND status = 'claimed' AND published_at IS NULL",
             instant,
         )
 

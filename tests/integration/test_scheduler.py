@@ -371,6 +371,27 @@ def test_a_run_claimed_ahead_is_not_recovered_before_its_lease_ends(replicas: An
     assert [h["voltro_occurrence"] for h in drain(up.app)] == ["s@2026-01-01T10:00:01"]
 
 
+def test_a_replica_stopped_between_mark_and_settle_is_settled_not_resent(
+    replicas: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after its marks and before its settle, a replica leaves its sent runs
+    ``claimed`` with a publish time: the others' recovery never sends them again, and records
+    them ``published`` once a lease passed since the mark."""
+    r1, up = replicas("r1"), replicas("up")
+    tick(r1, sec(0))
+    tick(r1, sec(0.9))
+    monkeypatch.setattr(r1._store, "settle", lambda keys: None)  # killed right before it
+    tick(r1, sec(1))
+    key = "s@2026-01-01T10:00:01"
+    assert [h["voltro_occurrence"] for h in drain(r1.app)] == [key]
+    assert rows(store_url)[key].status == "claimed" and rows(store_url)[key].published_at
+    recover(up, sec(10.5))  # a lease after the claim, less than a lease after the mark
+    assert rows(store_url)[key].status == "claimed"
+    recover(up, sec(11.5))
+    assert drain(up.app) == []
+    assert rows(store_url)[key].status == "published"
+
+
 def test_a_paused_replica_does_not_send_what_was_taken_over(replicas: Any, store_url: str) -> None:
     r1, up = replicas("r1"), replicas("up")
     tick(r1, sec(0))
