@@ -520,7 +520,13 @@ class VoltroScheduler(beat.Scheduler):
         A chunk at a time, each leased when taken; chunks follow one another for at most half
         a lease, or until the broker fails.
         """
-        self._store.settle_abandoned(after=self._lease)
+        settled = self._store.settle_abandoned(after=self._lease)
+        if settled:
+            logger.info(
+                "voltro_beat: %d sent runs recorded published (their replica stopped between "
+                "their mark and its settle)",
+                settled,
+            )
         if not self._store.any_lapsed():
             return
         started = time.monotonic()
