@@ -74,6 +74,9 @@ class Dispatcher:
         #: Confirmed by the broker, not yet marked (the store failed): marked first thing.
         self.unmarked: list[str] = []
         self.broker_down = False
+        #: Set by :meth:`close`, which Celery's SIGTERM handler may run in the middle of a tick:
+        #: whatever that tick does next writes nothing to the broker.
+        self.closed = False
         self._marker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voltro-beat-mark")
 
     def fence(self, occurrences: Sequence[Occurrence]) -> Fenced:
@@ -101,6 +104,9 @@ class Dispatcher:
         complete = True
         try:
             for fenced in chunks:
+                if self.closed:
+                    complete = False
+                    break
                 if self.now() - fenced.fenced_at >= self.lease / 2:
                     fenced = self.fence(fenced.runs)
                 chunk = fenced.runs
@@ -110,7 +116,7 @@ class Dispatcher:
                     sent = self._write(chunk)
                 if marking is not None:
                     marking.result()
-                marking = self._marker.submit(self._mark, sent) if sent else None
+                marking = self._start_mark(sent)
                 marked += sent
                 if len(sent) < len(chunk):
                     complete = False
@@ -137,6 +143,7 @@ class Dispatcher:
             self.store.settle(keys)
 
     def close(self) -> None:
+        self.closed = True
         self._marker.shutdown(wait=True)
 
     # -- the steps --------------------------------------------------------------------------
@@ -166,6 +173,17 @@ class Dispatcher:
         if self.metrics.enabled:
             self.metrics.published(occurrences[: len(confirmed)], self.now())
         return confirmed
+
+    def _start_mark(self, keys: list[str]) -> Future[None] | None:
+        """Mark ``keys`` on the marker thread, or here if :meth:`close` already stopped it (a
+        write that was under way when the process was told to stop is still marked)."""
+        if not keys:
+            return None
+        try:
+            return self._marker.submit(self._mark, keys)
+        except RuntimeError:  # the marker was shut down
+            self._mark(keys)
+            return None
 
     def _mark(self, keys: list[str]) -> None:
         try:

@@ -520,6 +520,8 @@ class VoltroScheduler(beat.Scheduler):
         A chunk at a time, each leased when taken; chunks follow one another for at most half
         a lease, or until the broker fails.
         """
+        if self._closed:  # close() ran from Celery's SIGTERM handler in the middle of this tick
+            return
         settled = self._store.settle_abandoned(after=self._lease)
         if settled:
             logger.info(

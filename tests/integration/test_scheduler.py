@@ -485,6 +485,33 @@ def test_each_chunk_is_marked_once_the_broker_took_it(
     )
 
 
+def test_close_in_the_middle_of_a_write_marks_it_and_writes_nothing_more(
+    replicas: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery's SIGTERM handler runs the scheduler's close() wherever the tick happens to be.
+    The write under way is still marked (else recovery sends it again), and the tick, should
+    it go on, writes nothing more: the rest stays claimed for another replica's recovery."""
+    schedule = {name: {"task": "proj.work", "schedule": "* * * * * *"} for name in "abc"}
+    r1 = replicas("r1", schedule=schedule)
+    monkeypatch.setattr("voltro_beat.dispatch.CHUNK", 1)
+    tick(r1, sec(0))
+    tick(r1, sec(0.9))
+    publish = r1._publisher.publish
+
+    def stopped_while_writing(messages: Any) -> None:
+        publish(messages)
+        r1.close()
+
+    monkeypatch.setattr(r1._publisher, "publish", stopped_while_writing)
+    tick(r1, sec(1))
+    sent = [h["voltro_occurrence"] for h in drain(r1.app)]
+    assert len(sent) == 1
+    now = {k: r for k, r in rows(store_url).items() if k.endswith("10:00:01")}
+    assert now[sent[0]].status == "published"
+    left = [r for k, r in now.items() if k != sent[0]]
+    assert [(r.status, r.published_at) for r in left] == [("claimed", None)] * 2
+
+
 def test_close_publishes_the_occurrences_it_claimed_ahead(replicas: Any, store_url: str) -> None:
     at = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
     r1 = replicas("r1", schedule={"once": {"task": "proj.work", "schedule": at}})
