@@ -425,16 +425,23 @@ def test_a_slow_tick_does_not_publish_what_was_taken_over(
     assert sent.count("s@2026-01-01T10:00:01") == 1
 
 
+def three_fenced_ahead(replicas: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A replica holding a, b and c @ 10:00:01, claimed and fenced ahead (leased until
+    10:00:10.9), that writes one message per broker write."""
+    schedule = {name: {"task": "proj.work", "schedule": "* * * * * *"} for name in "abc"}
+    r1 = replicas("r1", schedule=schedule)
+    monkeypatch.setattr("voltro_beat.dispatch.CHUNK", 1)
+    tick(r1, sec(0))
+    tick(r1, sec(0.9))
+    return r1
+
+
 def test_a_publish_slower_than_the_lease_leaves_the_rest_to_recovery(
     replicas: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    schedule = {name: {"task": "proj.work", "schedule": "* * * * * *"} for name in "abc"}
-    r1 = replicas("r1", schedule=schedule)
-    # One message per broker write, and the first write ends 11 s later: the others' leases
-    # ran out meanwhile, so the fence keeps them for recovery.
-    monkeypatch.setattr("voltro_beat.dispatch.CHUNK", 1)
-    tick(r1, sec(0))
-    tick(r1, sec(0.9))  # claims and fences a, b and c @ 10:00:01 ahead: leased until 10.9
+    # The first write ends 11 s later: the others' leases (until 10.9) ran out meanwhile, so
+    # the fence keeps them for recovery.
+    r1 = three_fenced_ahead(replicas, monkeypatch)
     publish = r1._publisher.publish
 
     def slow(messages: Any) -> None:
@@ -456,11 +463,7 @@ def test_each_chunk_is_marked_once_the_broker_took_it(
 ) -> None:
     """Issue 9, hole 2: a chunk is marked right after its write, not at the end of the
     instant, so a later chunk's slow write leaves nothing sent for recovery to resend."""
-    schedule = {name: {"task": "proj.work", "schedule": "* * * * * *"} for name in "abc"}
-    r1 = replicas("r1", schedule=schedule)
-    monkeypatch.setattr("voltro_beat.dispatch.CHUNK", 1)
-    tick(r1, sec(0))
-    tick(r1, sec(0.9))
+    r1 = three_fenced_ahead(replicas, monkeypatch)
     publish = r1._publisher.publish
     seen: list[int] = []
 
@@ -491,11 +494,7 @@ def test_close_in_the_middle_of_a_write_marks_it_and_writes_nothing_more(
     """Celery's SIGTERM handler runs the scheduler's close() wherever the tick happens to be.
     The write under way is still marked (else recovery sends it again), and the tick, should
     it go on, writes nothing more: the rest stays claimed for another replica's recovery."""
-    schedule = {name: {"task": "proj.work", "schedule": "* * * * * *"} for name in "abc"}
-    r1 = replicas("r1", schedule=schedule)
-    monkeypatch.setattr("voltro_beat.dispatch.CHUNK", 1)
-    tick(r1, sec(0))
-    tick(r1, sec(0.9))
+    r1 = three_fenced_ahead(replicas, monkeypatch)
     publish = r1._publisher.publish
 
     def stopped_while_writing(messages: Any) -> None:

@@ -317,10 +317,8 @@ class BeatStore:
             )
             return conn.execute(stmt).rowcount
 
-    def mark_missed(
-        self, keys: Iterable[str], *, reason: Reason, waiting: Status = Status.CLAIMED
-    ) -> None:
-        """Record runs still ``waiting`` (claimed or queued) as missed, saying why."""
+    def mark_missed(self, keys: Iterable[str], *, reason: Reason, waiting: Status) -> None:
+        """Record runs still ``waiting`` (queued, say) as missed, saying why."""
         keys = list(keys)
         if not keys:
             return
