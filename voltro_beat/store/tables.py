@@ -1,4 +1,4 @@
-"""The tables voltro_beat owns (claims, runs, the replica registry) as SQLAlchemy Core metadata.
+"""voltro_beat's tables (claims, runs, the replica registry, watermarks): SQLAlchemy Core.
 
 ``_voltro_schedule_claims`` is the short fence (pruned fast); ``_voltro_schedule_runs`` is the
 run ledger and the long fence: both are keyed by the occurrence key (guarantee 4). Status
@@ -33,6 +33,7 @@ from voltro_beat.status import UNFINISHED, Status, sql_in
 CLAIMS = "_voltro_schedule_claims"
 RUNS = "_voltro_schedule_runs"
 REPLICAS = "_voltro_beat_replicas"
+WATERMARKS = "_voltro_beat_watermarks"
 VERSION_TABLE = "_voltro_beat_alembic_version"
 
 
@@ -110,6 +111,13 @@ runs = Table(
     Column("lease_until", UTCDateTime),
     # The instant plus the entry's max_lateness: never published after it (guarantee 6).
     Column("deadline", UTCDateTime),
+    # A ``started`` row is the worker's that started it (``worker``) until then, on the
+    # database's clock, renewed while the body runs: a second delivery of the occurrence runs
+    # the body only once it lapsed (the earlier execution died; docs/ledger.md).
+    Column("worker_lease_until", UTCDateTime),
+    # Deliveries of this occurrence the worker did not run (another one was live or done).
+    # NULL until the first one: a row pays no space for it on the firing path (migration 0005).
+    Column("duplicates", Integer),
     Index("ix_voltro_runs_schedule_at", "schedule", "scheduled_at"),
     # Newest first (the retention sweep, `voltro-beat runs`, the admin's pages), also within
     # one status or coordination outcome (the admin's filters); the key breaks ties.
@@ -156,4 +164,13 @@ replicas = Table(
     # JSON {schedule name: hash of its definition}, and a hash of that map.
     Column("schedules", Text, nullable=False),
     Column("schedules_digest", Text, nullable=False),
+)
+
+#: Per swept table (``name``), the instant before which its rows may be gone: claims of older
+#: occurrences are refused, since their run row (the long fence) may have been swept.
+watermarks = Table(
+    WATERMARKS,
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("before", UTCDateTime, nullable=False),
 )
