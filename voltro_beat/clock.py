@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
@@ -34,6 +35,23 @@ class ClockMode(StrEnum):
 
     DATABASE = "database"
     LOCAL = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """The database's clock as one statement read it: ``earliest`` and ``latest`` of the values
+    it returned, the statement sent at monotonic ``sent`` and its answer received at
+    ``received``.
+
+    The database read them after the statement was sent and before its answer left, so at a
+    later monotonic instant ``m`` its clock reads at least ``latest + (m - received)`` and at
+    most ``earliest + (m - sent)``: bounds that hold whatever the round trip's two halves were.
+    """
+
+    earliest: datetime
+    latest: datetime
+    sent: float
+    received: float
 
 
 class Clock:
@@ -62,6 +80,26 @@ class Clock:
             return self.local()
         instant, at = base
         return instant + timedelta(seconds=time.monotonic() - at)
+
+    def bounds(self, reading: Reading | None = None) -> tuple[datetime, datetime]:
+        """The earliest and the latest instant the database's clock can read now.
+
+        From ``reading`` if given (a statement's own reading: bounds that never put the
+        database ahead of itself), else from the reading in use, give or take its error. The
+        local clock has no error: both are its time.
+        """
+        if self.mode is ClockMode.LOCAL or (reading is None and self._base is None):
+            now = self.local()
+            return now, now
+        if reading is None:
+            now = self.now()
+            error = self.error or timedelta(0)
+            return now - error, now + error
+        at = time.monotonic()
+        return (
+            reading.latest + timedelta(seconds=at - reading.received),
+            reading.earliest + timedelta(seconds=at - reading.sent),
+        )
 
     def observe(self, database_now: datetime, sent: float, received: float) -> bool:
         """Take a reading of the database's clock, made between the monotonic instants ``sent``

@@ -4,33 +4,44 @@ The one sequence every publish goes through, whoever publishes (beat at an insta
 recovery sweep, a queued run's promotion):
 
 1. **fence** a chunk of at most :data:`CHUNK` runs: one statement confirms in the store that
-   this replica still holds each run (its lease runs, its deadline has not passed) and renews
-   the lease; whatever the store refuses is not sent;
-2. **write** the chunk to the broker; while the write is under way the leases are renewed from a
-   thread of their own, so a broker that is merely slow keeps its runs (a paused process renews
-   nothing, and loses them);
+   this replica still holds each run (its lease runs, its deadline has not passed) and leases
+   it for :attr:`Dispatcher.hold` from its instant or from now, whichever is later; whatever
+   the store refuses is not sent. The statement also reads the database's clock: the
+   dispatcher's bounds on that clock (:meth:`voltro_beat.clock.Clock.bounds`) come from it;
+2. **write** the chunk to the broker, only once the earliest the database's clock can read has
+   reached the chunk's instant (never early, whatever the round trip of a reading), and only
+   while at least a whole publish timeout of its lease is left on the latest the database's
+   clock can read (else it is fenced again first): a pause of the whole process right before
+   the write must outlast ``voltro_beat_publish_timeout`` for another replica to take the
+   runs over. While the write is under way the leases are renewed from a thread of their own,
+   so a broker that is merely slow keeps its runs (a paused process renews nothing);
 3. **mark** the chunk once the broker confirmed it (its publish time stamped, its leases
    ended: no recovery takes it over any more), on a thread of its own while the next chunk is
-   written: at most two chunks are ever written and unmarked at once;
+   written: at most two chunks are ever written and unmarked at once. A mark that fails keeps
+   its keys, and those of the chunk written meanwhile, for the next try (:meth:`flush`);
 4. **settle**: once every chunk is written and marked, the marked runs still ``claimed`` are
    recorded ``published`` (the status change costs the store more than the mark, and waits
    until the messages are out).
 
-Beat fences the runs of an instant a little before it, so that at the instant only writes and
-marks are left; the pause between a fence and its write (a fraction of a second, unless the
-process is paused) must stay shorter than the lease, which is the window guarantee 10 states.
+SIGTERM and SIGINT that arrive while a chunk is being written wait until its mark is under
+way: Celery's beat handles them by closing the scheduler and raising ``SystemExit``, which in
+the middle of a write would leave a chunk the broker took unmarked, for another replica to
+send again.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import threading
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from types import FrameType
 
+from voltro_beat.clock import Clock, Reading
 from voltro_beat.exceptions import PublishError, StoreError
 from voltro_beat.metrics import Metrics
 from voltro_beat.occurrences import Occurrence
@@ -43,18 +54,24 @@ logger = logging.getLogger(__name__)
 #: Runs per fence and per broker write: a crash between a write and its mark leaves at most
 #: two chunks (the one being marked, the one being written) to be sent again.
 CHUNK = 1000
+#: Signals held while a chunk is written (what Celery's beat stops on).
+HELD_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @dataclass(frozen=True, slots=True)
 class Fenced:
-    """A chunk of runs the fence let through at ``fenced_at`` (this replica's clock)."""
+    """A chunk of runs the fence let through, to be written at ``instant`` (the latest of
+    theirs), leased until ``held_until`` (None if none was let through), with the database's
+    clock as the fence read it."""
 
     runs: list[Occurrence]
-    fenced_at: datetime
+    instant: datetime
+    held_until: datetime | None
+    reading: Reading | None
 
 
 class Dispatcher:
-    """Fences, writes and marks runs for one replica, on its clock ``now``."""
+    """Fences, writes and marks runs for one replica, on its ``clock``."""
 
     def __init__(
         self,
@@ -62,7 +79,7 @@ class Dispatcher:
         publisher: Publisher,
         entries: Mapping[str, Entry],
         lease: timedelta,
-        now: Callable[[], datetime],
+        clock: Clock,
         metrics: Metrics | None = None,
     ) -> None:
         self.store = store
@@ -70,9 +87,16 @@ class Dispatcher:
         self.publisher = publisher
         self.entries = entries
         self.lease = lease
-        self.now = now
+        self.clock = clock
+        #: How long past its instant a fence leases a chunk: a whole lease must be left when
+        #: the chunk is written, and it may wait a quarter lease for the chunks before it.
+        self.hold = lease + lease / 4
         #: Confirmed by the broker, not yet marked (the store failed): marked first thing.
         self.unmarked: list[str] = []
+        #: Marked, not yet settled.
+        self.unsettled: list[str] = []
+        #: Both lists are kept by this thread and the marker's.
+        self._lock = threading.Lock()
         self.broker_down = False
         #: Set by :meth:`close`, which Celery's SIGTERM handler may run in the middle of a tick:
         #: whatever that tick does next writes nothing to the broker.
@@ -81,50 +105,60 @@ class Dispatcher:
 
     def fence(self, occurrences: Sequence[Occurrence]) -> Fenced:
         """The runs of ``occurrences`` this replica may still send, their leases renewed."""
-        at = self.now()
-        fenced = self.store.fence([o.key for o in occurrences], hold=self.lease)
-        if len(fenced) < len(occurrences):
+        instant = max(o.scheduled_at for o in occurrences)
+        fence = self.store.fence([o.key for o in occurrences], hold=self.hold, start=instant)
+        if len(fence.keys) < len(occurrences):
             logger.warning(
                 "voltro_beat: %d claimed runs no longer held by this replica (paused past "
                 "their lease, taken over, or past their deadline): not sent",
-                len(occurrences) - len(fenced),
+                len(occurrences) - len(fence.keys),
             )
-        return Fenced([o for o in occurrences if o.key in fenced], at)
+        held = [o for o in occurrences if o.key in fence.keys]
+        return Fenced(held, instant, fence.held_until, fence.reading)
+
+    def until(self, fenced: Fenced) -> timedelta:
+        """How long until ``fenced`` may be written: until the earliest the database's clock
+        can read reaches its instant (zero or less: now)."""
+        earliest, _ = self.clock.bounds(fenced.reading)
+        return fenced.instant - earliest
 
     def deliver(self, chunks: Sequence[Fenced]) -> bool:
-        """Write fenced ``chunks`` in order, each marked as soon as the broker confirmed it,
-        then settle them; False (and the rest left for recovery) once the broker fails.
+        """Write fenced ``chunks`` in order (each due: :meth:`until`), each marked as soon as
+        the broker confirmed it, then settle them; False (and the rest left for recovery)
+        once the broker fails.
 
-        A chunk fenced half a lease ago or more (this process was paused or held up since) is
-        fenced again first: the store decides again what is still this replica's.
-        Raises :class:`StoreError` if a mark failed: those runs wait in :attr:`unmarked`.
+        A chunk with less than a whole lease left (this process was paused or held up since
+        its fence) is fenced again first: the store decides again what is still this
+        replica's. Raises :class:`StoreError` if a mark failed: those runs, and the ones
+        written while it ran, wait in :attr:`unmarked`.
         """
         marking: Future[None] | None = None
-        marked: list[str] = []
         complete = True
         try:
             for fenced in chunks:
                 if self.closed:
                     complete = False
                     break
-                if self.now() - fenced.fenced_at >= self.lease / 2:
+                if not self._holds(fenced):
                     fenced = self.fence(fenced.runs)
                 chunk = fenced.runs
                 if not chunk:
                     continue
-                with self._renewing([o.key for o in chunk]):
+                with _signals_held(), self._renewing([o.key for o in chunk]):
                     sent = self._write(chunk)
-                if marking is not None:
-                    marking.result()
-                marking = self._start_mark(sent)
-                marked += sent
+                    try:
+                        _wait(marking)
+                    except StoreError:
+                        self._keep(self.unmarked, sent)  # its mark was never tried
+                        marking = None
+                        raise
+                    marking = self._start_mark(sent)
                 if len(sent) < len(chunk):
                     complete = False
                     break
         finally:
-            if marking is not None:
-                marking.result()
-        self.store.settle(marked)
+            _wait(marking)
+        self._settle()
         return complete
 
     def send(self, occurrences: Sequence[Occurrence]) -> bool:
@@ -135,16 +169,23 @@ class Dispatcher:
                 return False
         return True
 
-    def mark_unmarked(self) -> None:
-        """Mark what the broker confirmed while the store was failing."""
-        if self.unmarked:
+    def flush(self) -> None:
+        """Mark what the broker confirmed while the store was failing, and settle what was
+        marked and not settled yet."""
+        with self._lock:
             keys, self.unmarked = self.unmarked, []
+        if keys:
             self._mark(keys)
-            self.store.settle(keys)
+        self._settle()
 
     def close(self) -> None:
+        """Write nothing more; finish the mark under way and settle what was marked."""
         self.closed = True
         self._marker.shutdown(wait=True)
+        try:
+            self.flush()
+        except StoreError as exc:  # what is left, another replica's recovery settles
+            logger.debug("voltro_beat: could not settle at close: %s", exc)
 
     # -- the steps --------------------------------------------------------------------------
 
@@ -171,8 +212,16 @@ class Dispatcher:
                 logger.warning("voltro_beat: broker is reachable again")
             self.broker_down = False
         if self.metrics.enabled:
-            self.metrics.published(occurrences[: len(confirmed)], self.now())
+            self.metrics.published(occurrences[: len(confirmed)], self.clock.now())
         return confirmed
+
+    def _holds(self, fenced: Fenced) -> bool:
+        """Whether at least a whole lease of ``fenced`` is left, on the latest the database's
+        clock can read."""
+        if fenced.held_until is None:
+            return False
+        _, latest = self.clock.bounds(fenced.reading)
+        return fenced.held_until - latest >= self.lease
 
     def _start_mark(self, keys: list[str]) -> Future[None] | None:
         """Mark ``keys`` on the marker thread, or here if :meth:`close` already stopped it (a
@@ -185,12 +234,26 @@ class Dispatcher:
             self._mark(keys)
             return None
 
+    def _keep(self, kept: list[str], keys: Sequence[str]) -> None:
+        with self._lock:
+            kept.extend(keys)
+
+    def _settle(self) -> None:
+        with self._lock:
+            keys, self.unsettled = self.unsettled, []
+        try:
+            self.store.settle(keys)
+        except StoreError:
+            self._keep(self.unsettled, keys)
+            raise
+
     def _mark(self, keys: list[str]) -> None:
         try:
             lost = self.store.mark_published(keys)
         except StoreError:
-            self.unmarked.extend(keys)
+            self._keep(self.unmarked, keys)
             raise
+        self._keep(self.unsettled, keys)
         if lost:
             logger.warning(
                 "voltro_beat: %d runs were sent after their lease ran out (this replica was "
@@ -202,10 +265,10 @@ class Dispatcher:
 
     @contextmanager
     def _renewing(self, keys: Collection[str]) -> Iterator[None]:
-        """Renew the leases of ``keys`` every third of a lease until the block ends."""
+        """Renew the leases of ``keys`` every quarter of the hold until the block ends."""
         done = threading.Event()
         renewer = threading.Thread(
-            target=_renew, args=(self.store, keys, self.lease, done), daemon=True
+            target=_renew, args=(self.store, keys, self.hold, done), daemon=True
         )
         renewer.start()
         try:
@@ -215,11 +278,45 @@ class Dispatcher:
             renewer.join()
 
 
-def _renew(
-    store: BeatStore, keys: Collection[str], lease: timedelta, done: threading.Event
-) -> None:
-    while not done.wait(lease.total_seconds() / 3):
+def _wait(marking: Future[None] | None) -> None:
+    """Wait for a mark under way (raises :class:`StoreError` if it failed)."""
+    if marking is not None:
+        marking.result()
+
+
+def _renew(store: BeatStore, keys: Collection[str], hold: timedelta, done: threading.Event) -> None:
+    while not done.wait(hold.total_seconds() / 4):
         try:
-            store.fence(keys, hold=lease)
+            store.fence(keys, hold=hold)
         except StoreError as exc:
             logger.debug("voltro_beat: could not renew leases: %s", exc)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold :data:`HELD_SIGNALS` until the block ends, then raise them again.
+
+    Only the main thread may change signal handlers (and only it runs them); a handler not
+    installed from Python is left alone.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        if signum not in caught:
+            caught.append(signum)
+
+    previous = {
+        held: signal.signal(held, hold)
+        for held in HELD_SIGNALS
+        if signal.getsignal(held) is not None
+    }
+    try:
+        yield
+    finally:
+        for held, handler in previous.items():
+            signal.signal(held, handler)
+        for signum in caught:
+            signal.raise_signal(signum)

@@ -15,12 +15,13 @@ import os
 import socket
 from collections import ChainMap
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 
 from celery import Celery
 from celery.app.utils import find_app
 
 from voltro_beat import dispatch
+from voltro_beat.clock import Clock, ClockMode
 from voltro_beat.config import Settings
 from voltro_beat.dispatch import Dispatcher
 from voltro_beat.exceptions import ConfigurationError, PublishError
@@ -68,14 +69,14 @@ class OnDemand:
         self.settings = settings
         self.store = BeatStore(database, replica=f"cli:{socket.gethostname()}:{os.getpid()}")
         self.publisher = Publisher(app, write_timeout=settings.publish_timeout * 3)
-        # The local clock only bounds durations inside this process (guarantee 9): whether a
-        # fenced chunk must be fenced again before its write.
+        # Each fence reads the database's clock: the dispatcher's bounds come from it.
+        mode = ClockMode.DATABASE if database.dialect == "postgresql" else ClockMode.LOCAL
         self.dispatch = Dispatcher(
             self.store,
             self.publisher,
             entries,
             settings.publish_timeout,
-            lambda: datetime.now(UTC),
+            Clock(mode, local=lambda: database.clock()),
         )
 
     def publish(

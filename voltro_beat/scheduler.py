@@ -127,7 +127,7 @@ class VoltroScheduler(beat.Scheduler):
         #: Occurrences this replica won, by instant: fenced shortly before it, published at it.
         self._ready: list[tuple[datetime, str, Occurrence]] = []
         #: Fenced chunks, oldest instant first: published when their instant comes.
-        self._armed: collections.deque[tuple[datetime, Fenced]] = collections.deque()
+        self._armed: collections.deque[Fenced] = collections.deque()
         self._lead = LEAD_MIN
         self._seq = itertools.count()
         self._store_down_since: datetime | None = None
@@ -224,7 +224,7 @@ class VoltroScheduler(beat.Scheduler):
         )
         self._publisher = Publisher(self.app, write_timeout=self._write_timeout)
         self._dispatch = Dispatcher(
-            store, self._publisher, self._entries, self._lease, self._clock.now, self._metrics
+            store, self._publisher, self._entries, self._lease, self._clock, self._metrics
         )
         self._configured = True
 
@@ -274,7 +274,7 @@ class VoltroScheduler(beat.Scheduler):
 
     def _tick(self) -> float:
         clock = self._clock
-        self._dispatch.mark_unmarked()
+        self._dispatch.flush()
         if not self._booted:
             self._boot()
         # What is due first (the heartbeat before claims: it says which schedules are
@@ -369,13 +369,14 @@ class VoltroScheduler(beat.Scheduler):
             chunk: list[Occurrence] = []
             while len(chunk) < dispatch.CHUNK and self._ready and self._ready[0][0] == at:
                 chunk.append(heapq.heappop(self._ready)[2])
-            self._armed.append((at, self._dispatch.fence(chunk)))
+            self._armed.append(self._dispatch.fence(chunk))
         due: list[Fenced] = []
-        now = self._clock.now()
-        while self._armed and self._armed[0][0] <= now:
-            due.append(self._armed.popleft()[1])
+        while self._armed and self._dispatch.until(self._armed[0]) <= timedelta(0):
+            due.append(self._armed.popleft())
         if due and not self._dispatch.deliver(due):
-            self._armed = collections.deque(a for a in self._armed if a[0] > now)
+            self._armed = collections.deque(
+                a for a in self._armed if self._dispatch.until(a) > timedelta(0)
+            )
 
     def _fire_due(self, now: datetime) -> None:
         """Claim the occurrences whose claim time has come (their instant minus the lead).
@@ -657,7 +658,7 @@ class VoltroScheduler(beat.Scheduler):
         if self._ready:
             wake = min(wake, self._ready[0][0] - self._fence_lead)
         if self._armed:
-            wake = min(wake, self._armed[0][0])
+            wake = min(wake, self._clock.now() + self._dispatch.until(self._armed[0]))
         return wake
 
     def _delay(self, now: datetime) -> float:
@@ -730,7 +731,7 @@ class VoltroScheduler(beat.Scheduler):
                 self._publish_ready()
         except Exception as exc:  # a stopping beat must still stop
             logger.warning("voltro_beat: could not publish claimed runs at close: %s", exc)
-        left = len(self._ready) + sum(len(fenced.runs) for _, fenced in self._armed)
+        left = len(self._ready) + sum(len(fenced.runs) for fenced in self._armed)
         if left:
             logger.warning(
                 "voltro_beat: %d claimed runs left for another replica's recovery sweep", left

@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from beat_kit import drain, recover, rows, sec, tick
 
 from voltro_beat.store.database import Database
@@ -94,7 +93,7 @@ def test_a_run_of_a_schedule_nobody_runs_is_recorded_missed_after_its_deadline(
     gone.close()
     up = replicas("up", schedule={"new": every_second()})
     tick(up, sec(2))
-    recover(up, sec(12))  # lease over, deadline (6 s) passed
+    recover(up, sec(14))  # lease (1.25 x 10 s from the instant) over, deadline (6 s) passed
     run = rows(store_url)["old@2026-01-01T10:00:01"]
     assert (run.status, run.reason) == ("missed", "unknown_schedule")
 
@@ -113,23 +112,17 @@ def test_the_registry_lists_the_live_replicas(replicas: Any, store_url: str) -> 
 
 
 @pytest.fixture
-def pg_replicas(postgres_url: str, replicas: Any) -> Any:
+def pg_replicas(pg_url: str, replicas: Any) -> Any:
+    """Replicas on PostgreSQL; the tables go with the module's database (``pg_url``)."""
     made: list[Any] = []
 
     def make(name: str, **conf: Any) -> Any:
-        made.append(replicas(name, voltro_beat_store_url=postgres_url, **conf))
+        made.append(replicas(name, voltro_beat_store_url=pg_url, **conf))
         return made[-1]
 
     yield make
     for scheduler in made:
         scheduler.close()
-    engine = sa.create_engine(postgres_url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "DROP TABLE IF EXISTS _voltro_schedule_runs, _voltro_schedule_claims,"
-            " _voltro_beat_replicas, _voltro_beat_alembic_version"
-        )
-    engine.dispose()
 
 
 def fast_by(seconds: float) -> Any:

@@ -102,11 +102,13 @@ def test_broker_down_leaves_claimed_then_recovered_with_same_task_id(
     tick(down, sec(1))
     key = "s@2026-01-01T10:00:01"
     assert rows(store_url)[key].status == "claimed"
-    # Another replica's recovery sweep takes the row over once publish_timeout (10 s) passed.
+    # Another replica's recovery sweep takes the row over once its lease ran out: the fence
+    # before the failed write leased it for a publish timeout and a quarter (12.5 s) past its
+    # instant.
     up = replicas("up")
     tick(up, sec(5))
     assert key not in [h["voltro_occurrence"] for h in drain(up.app)]
-    tick(up, sec(12))
+    tick(up, sec(14))
     (headers,) = [h for h in drain(up.app) if h["voltro_occurrence"] == key]
     assert headers["id"] == task_id_for(key)
     assert rows(store_url)[key].status == "published"
@@ -122,7 +124,7 @@ def test_recovery_takes_chunks_each_within_its_lease(
     tick(down, sec(1))  # a, b and c @ 10:00:01 stay claimed
     up = replicas("up", schedule=schedule)
     monkeypatch.setattr("voltro_beat.dispatch.CHUNK", 1)
-    recover(up, sec(12))  # one chunk after another: all three
+    recover(up, sec(14))  # one chunk after another: all three (leased until 13.5 s)
     assert {r.status for r in rows(store_url).values()} == {"published"}
     # Same again, but each chunk seems to take three seconds: after half the publish
     # timeout the sweep stops taking rows, so none is held past its lease.
@@ -131,7 +133,7 @@ def test_recovery_takes_chunks_each_within_its_lease(
     monkeypatch.setattr(
         "voltro_beat.scheduler.time", SimpleNamespace(monotonic=lambda: next(clock))
     )
-    recover(up, sec(13))
+    recover(up, sec(15))
     statuses = [r.status for k, r in rows(store_url).items() if k.endswith("10:00:02")]
     assert sorted(statuses) == ["claimed", "claimed", "published"]
 
@@ -364,10 +366,12 @@ def test_occurrences_are_claimed_ahead_and_published_at_their_instant(
 def test_a_run_claimed_ahead_is_not_recovered_before_its_lease_ends(replicas: Any) -> None:
     r1, up = replicas("r1"), replicas("up")
     tick(r1, sec(0))
-    tick(r1, sec(0.9))  # claims and fences 10:00:01 ahead: leased until 10:00:10.9; killed
-    recover(up, sec(10.85))
+    # Claims and fences 10:00:01 ahead: leased for a publish timeout and a quarter past its
+    # instant, until 10:00:13.5; then killed.
+    tick(r1, sec(0.9))
+    recover(up, sec(13.45))
     assert drain(up.app) == []
-    recover(up, sec(11.05))
+    recover(up, sec(13.55))
     assert [h["voltro_occurrence"] for h in drain(up.app)] == ["s@2026-01-01T10:00:01"]
 
 
@@ -395,13 +399,13 @@ def test_a_replica_stopped_between_mark_and_settle_is_settled_not_resent(
 def test_a_paused_replica_does_not_send_what_was_taken_over(replicas: Any, store_url: str) -> None:
     r1, up = replicas("r1"), replicas("up")
     tick(r1, sec(0))
-    tick(r1, sec(0.9))  # claims 10:00:01 ahead, then is paused for eleven seconds
-    recover(up, sec(11.5))  # its lease ran out: another replica sends it
+    tick(r1, sec(0.9))  # claims 10:00:01 ahead, then is paused for thirteen seconds
+    recover(up, sec(14))  # its lease (until 13.5 s) ran out: another replica sends it
     assert [h["voltro_occurrence"] for h in drain(up.app)] == ["s@2026-01-01T10:00:01"]
-    tick(r1, sec(12))  # resumes: the fence refuses 10:00:01
-    tick(r1, sec(12))  # the backlog, 2..12 s
+    tick(r1, sec(14.5))  # resumes: the fence refuses 10:00:01
+    tick(r1, sec(14.5))  # the backlog, 2..14 s
     published = [h["voltro_occurrence"] for h in drain(r1.app)]
-    assert published == [f"s@2026-01-01T10:00:{n:02}" for n in range(2, 13)]
+    assert published == [f"s@2026-01-01T10:00:{n:02}" for n in range(2, 15)]
     assert rows(store_url)["s@2026-01-01T10:00:01"].replica == "up"
 
 
@@ -412,11 +416,11 @@ def test_a_slow_tick_does_not_publish_what_was_taken_over(
     which another replica's recovery republishes the run) must not count as inside the lease."""
     r1, up = replicas("r1"), replicas("up")
     tick(r1, sec(0))
-    tick(r1, sec(0.9))  # claims 10:00:01 ahead: leased until 10:00:11
+    tick(r1, sec(0.9))  # claims 10:00:01 ahead: leased until 10:00:13.5
 
     def slow_sweep(now: datetime) -> None:
-        r1._store.database.clock = lambda: sec(13)  # the sweep took 12 s...
-        recover(up, sec(12.5))  # ...and meanwhile the run was taken over and sent
+        r1._store.database.clock = lambda: sec(15)  # the sweep took 14 s...
+        recover(up, sec(14.5))  # ...and meanwhile the run was taken over and sent
 
     monkeypatch.setattr(r1, "_sweep", slow_sweep)
     r1._next_retention = sec(1)
@@ -427,7 +431,7 @@ def test_a_slow_tick_does_not_publish_what_was_taken_over(
 
 def three_fenced_ahead(replicas: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A replica holding a, b and c @ 10:00:01, claimed and fenced ahead (leased until
-    10:00:10.9), that writes one message per broker write."""
+    10:00:13.5), that writes one message per broker write."""
     schedule = {name: {"task": "proj.work", "schedule": "* * * * * *"} for name in "abc"}
     r1 = replicas("r1", schedule=schedule)
     monkeypatch.setattr("voltro_beat.dispatch.CHUNK", 1)
@@ -439,14 +443,14 @@ def three_fenced_ahead(replicas: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_a_publish_slower_than_the_lease_leaves_the_rest_to_recovery(
     replicas: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # The first write ends 11 s later: the others' leases (until 10.9) ran out meanwhile, so
+    # The first write ends 13 s later: the others' leases (until 13.5) ran out meanwhile, so
     # the fence keeps them for recovery.
     r1 = three_fenced_ahead(replicas, monkeypatch)
     publish = r1._publisher.publish
 
     def slow(messages: Any) -> None:
         publish(messages)
-        r1._store.database.clock = lambda: sec(12)
+        r1._store.database.clock = lambda: sec(14)
 
     monkeypatch.setattr(r1._publisher, "publish", slow)
     with caplog.at_level(logging.WARNING, logger="voltro_beat"):

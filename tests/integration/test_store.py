@@ -216,8 +216,8 @@ def test_a_lease_is_taken_over_only_once_it_ran_out(stores: Callable[[str], Beat
     taken = b.take_over(schedules={"s"}, hold=LEASE, limit=10)
     assert [(o.key, o.task_id) for o in taken] == [(occ(0).key, occ(0).task_id)]
     assert a.take_over(schedules={"s"}, hold=LEASE, limit=10) == []
-    assert a.fence([occ(0).key], hold=LEASE) == set()  # not a's any more
-    assert b.fence([occ(0).key], hold=LEASE) == {occ(0).key}
+    assert a.fence([occ(0).key], hold=LEASE).keys == set()  # not a's any more
+    assert b.fence([occ(0).key], hold=LEASE).keys == {occ(0).key}
     assert not a.any_lapsed()
 
 
@@ -233,9 +233,9 @@ def test_the_fence_refuses_a_lapsed_lease(stores: Callable[[str], BeatStore]) ->
     """A replica paused past its lease cannot publish, even before anyone took over."""
     a = stores("a")
     a.claim([occ(0), occ(1)], coordination=LOCK, lease=SHORT)
-    assert a.fence([occ(0).key], hold=LEASE) == {occ(0).key}  # renewed for 10 s
+    assert a.fence([occ(0).key], hold=LEASE).keys == {occ(0).key}  # renewed for 10 s
     time.sleep(SHORT.total_seconds() * 1.5)
-    assert a.fence([occ(0).key, occ(1).key], hold=LEASE) == {occ(0).key}
+    assert a.fence([occ(0).key, occ(1).key], hold=LEASE).keys == {occ(0).key}
 
 
 def test_the_fence_refuses_a_run_past_its_deadline(stores: Callable[[str], BeatStore]) -> None:
@@ -244,7 +244,7 @@ def test_the_fence_refuses_a_run_past_its_deadline(stores: Callable[[str], BeatS
     late = occ(0, deadline=now - timedelta(seconds=1))
     due = occ(1, deadline=now + timedelta(hours=1))
     a.claim([late, due], coordination=LOCK, lease=LEASE)
-    assert a.fence([late.key, due.key], hold=LEASE) == {due.key}
+    assert a.fence([late.key, due.key], hold=LEASE).keys == {due.key}
 
 
 def test_fence_and_take_over_never_both_win_a_run(stores: Callable[[str], BeatStore]) -> None:
@@ -261,7 +261,7 @@ def test_fence_and_take_over_never_both_win_a_run(stores: Callable[[str], BeatSt
     def fence() -> None:
         barrier.wait()
         while True:
-            got = holder.fence(keys, hold=LEASE)
+            got = holder.fence(keys, hold=LEASE).keys
             fenced.update(got)
             if not got:
                 return
@@ -567,8 +567,8 @@ def test_fence_renewal_and_mark_update_rows_in_place(pg_url: str) -> None:
         f" WHERE relname = '{runs.name}'"
     )
     steps = [
-        (postgresql.FENCE, {"keys": keys, "replica": "a", "hold": 10.0}),
-        (postgresql.FENCE, {"keys": keys, "replica": "a", "hold": 10.0}),
+        (postgresql.FENCE, {"keys": keys, "replica": "a", "hold": 10.0, "start": None}),
+        (postgresql.FENCE, {"keys": keys, "replica": "a", "hold": 10.0, "start": None}),
         (postgresql.MARK_PUBLISHED, {"keys": keys}),
     ]
     try:

@@ -10,14 +10,16 @@ an instant a replica computed earlier (guarantees 9 and 10).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from voltro_beat.clock import Reading
 from voltro_beat.coordination import Coordination, Outcome
 from voltro_beat.exceptions import ConfigurationError
 from voltro_beat.occurrences import Occurrence
@@ -34,6 +36,16 @@ _SQLITE_NOW: sa.ColumnElement[Any] = sa.func.voltro_now()
 SWEEP_BATCH = 5_000
 #: Runs recorded ``published`` per statement of :meth:`BeatStore.settle`.
 SETTLE_BATCH = 1_000
+
+
+class Fence(NamedTuple):
+    """What the publish fence let through: the keys, the earliest lease it granted them (None
+    if none), and the database's clock as the statement read it (None on SQLite, whose clock is
+    the local one)."""
+
+    keys: set[str]
+    held_until: datetime | None
+    reading: Reading | None
 
 
 class BeatStore:
@@ -207,29 +219,46 @@ class BeatStore:
             ),
         }
 
-    def fence(self, keys: Iterable[str], *, hold: timedelta) -> set[str]:
+    def fence(
+        self, keys: Iterable[str], *, hold: timedelta, start: datetime | None = None
+    ) -> Fence:
         """The publish fence: of ``keys``, the runs this replica may send now.
 
         A run qualifies while it is ``claimed``, names this replica, its lease has not run out
-        and its deadline has not passed; its lease is then ``hold`` from now. Recovery takes a
-        row over only once its lease ran out, so for each row exactly one of the two wins
-        (guarantee 10). Call it right before the broker write: whatever pause comes after it
-        counts against ``hold``.
+        and its deadline has not passed; its lease then runs until ``hold`` after ``start``
+        (the instant of runs fenced ahead of it) or after now, whichever is later. Recovery
+        takes a row over only once its lease ran out, so for each row exactly one of the two
+        wins (guarantee 10). Call it right before the broker write: whatever pause comes after
+        it counts against the lease, which :class:`Fence` says the end of.
         """
         keys = list(keys)
         if not keys:
-            return set()
+            return Fence(set(), None, None)
         if self.database.dialect == "postgresql":
+            params = {
+                "keys": keys,
+                "replica": self.replica,
+                "hold": hold.total_seconds(),
+                "start": start,
+            }
             with self.database.connect(autocommit=True) as conn:
-                rows = conn.execute(
-                    sa.text(postgresql.FENCE),
-                    {"keys": keys, "replica": self.replica, "hold": hold.total_seconds()},
-                )
-                return {row[0] for row in rows}
+                sent = time.monotonic()
+                rows = conn.execute(sa.text(postgresql.FENCE), params).all()
+                received = time.monotonic()
+            if not rows:
+                return Fence(set(), None, None)
+            clock = [row[2] for row in rows]
+            return Fence(
+                {row[0] for row in rows},
+                min(row[1] for row in rows),
+                Reading(min(clock), max(clock), sent, received),
+            )
         fenced: set[str] = set()
         with self.database.connect() as conn, conn.begin():
             # The comparisons read the clock as the statement runs: a pause between a clock
             # read in Python and the statement would let an expired lease pass.
+            now = self.database.clock()
+            until = max(now, start or now) + hold
             stmt = (
                 sa.update(runs)
                 .where(
@@ -239,12 +268,13 @@ class BeatStore:
                     runs.c.lease_until > _SQLITE_NOW,
                     sa.or_(runs.c.deadline.is_(None), runs.c.deadline >= _SQLITE_NOW),
                 )
-                .values(lease_until=self.database.clock() + hold)
+                .values(lease_until=until)
                 .returning(runs.c.id)
             )
             for chunk in chunks(keys, SQLITE_CHUNK):
                 fenced.update(row[0] for row in conn.execute(stmt, {"keys": list(chunk)}))
-        return fenced
+        # One host: the store's clock is the local one, read by the scheduler as it is.
+        return Fence(fenced, until if fenced else None, None)
 
     def mark_published(self, keys: Iterable[str]) -> set[str]:
         """Stamp ``published_at`` and end the leases of ``keys``, whose messages the broker

@@ -79,16 +79,19 @@ SELECT id FROM recorded"""
 # estimate can make it rescan the keys for every row (quadratic in the chunk).
 
 #: The publish fence: of the runs in ``keys`` (a text array), those this replica still
-#: holds, whose lease has not run out and whose deadline has not passed, get a lease of
-#: ``hold`` seconds from now; returns them. A recovery takeover needs the lease run out, so of
-#: the two only one can win a row (guarantee 10).
+#: holds, whose lease has not run out and whose deadline has not passed, are leased until
+#: ``hold`` seconds after ``start`` (their instant, when fenced ahead of it) or after now,
+#: whichever is later; returns each with its lease and the database's clock as the statement
+#: ran (a reading the dispatcher bounds its clock with). A recovery takeover needs the lease run
+#: out, so of the two only one can win a row (guarantee 10).
 FENCE = f"""
 UPDATE {RUNS} AS r
-SET lease_until = clock_timestamp() + make_interval(secs => :hold)
+SET lease_until = GREATEST(CAST(:start AS timestamptz), clock_timestamp())
+    + make_interval(secs => :hold)
 WHERE r.id = ANY(CAST(:keys AS text[])) AND r.status = {_CLAIMED} AND r.replica = :replica
   AND r.lease_until > clock_timestamp()
   AND (r.deadline IS NULL OR r.deadline >= clock_timestamp())
-RETURNING r.id"""
+RETURNING r.id, r.lease_until, clock_timestamp()"""
 
 #: Stamp the publish time of the runs in ``keys`` (a text array) and end their leases; returns
 #: each key and the replica its row names now. No indexed column changes (the status waits for

@@ -1,0 +1,191 @@
+"""The dispatcher's fence, write, mark and settle against real stores (SQLite and PostgreSQL,
+``url``) and kombu's in-memory broker, on the real clock: what a failed statement, a pause or
+Celery's own SIGTERM handler in the middle of a delivery leaves behind (issue 18).
+
+A fault is injected by wrapping one store or publisher method of a real object (the statement
+fails once, the write pauses): the store, its SQL and the broker are the real ones.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from beat_kit import drain
+from celery import Celery
+from celery.apps.beat import Beat
+
+from voltro_beat.clock import Clock, ClockMode
+from voltro_beat.coordination import Coordination
+from voltro_beat.dispatch import Dispatcher
+from voltro_beat.exceptions import StoreError
+from voltro_beat.occurrences import Occurrence
+from voltro_beat.publisher import Publisher
+from voltro_beat.schedules import parse_entries
+from voltro_beat.store import reads
+from voltro_beat.store.beat import BeatStore
+from voltro_beat.store.database import Database
+
+LOCK = Coordination.ADVISORY_LOCK
+#: Short enough to wait out in a test, long enough for a few statements on a busy machine.
+LEASE = timedelta(seconds=2)
+NAMES = "abc"
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    app = Celery("dispatch", broker="memory://", set_as_current=False)
+    drain(app)
+    yield app
+    drain(app)
+
+
+@pytest.fixture
+def stores(url: str) -> Iterator[Callable[[str], BeatStore]]:
+    made: list[BeatStore] = []
+
+    def make(replica: str) -> BeatStore:
+        store = BeatStore(Database.open(url), replica=replica)
+        store.database.upgrade()
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()
+
+
+def dispatcher(store: BeatStore, app: Celery) -> Dispatcher:
+    entries = parse_entries(
+        {name: {"task": "proj.work", "schedule": 60.0} for name in NAMES},
+        tz="UTC",
+        max_lateness=timedelta(hours=1),
+    )
+    postgres = store.database.dialect == "postgresql"
+    clock = Clock(ClockMode.DATABASE if postgres else ClockMode.LOCAL)
+    publisher = Publisher(app, write_timeout=LEASE * 3)
+    return Dispatcher(store, publisher, {e.name: e for e in entries}, LEASE, clock)
+
+
+def claimed_now(store: BeatStore) -> list[Occurrence]:
+    """One occurrence of each schedule at the current second, claimed by ``store``."""
+    at = datetime.now(UTC).replace(microsecond=0)
+    runs = [Occurrence.of(n, "proj.work", at, deadline=at + timedelta(hours=1)) for n in NAMES]
+    assert store.claim(runs, coordination=LOCK, lease=LEASE) == {o.key for o in runs}
+    return runs
+
+
+def row(store: BeatStore, key: str) -> dict[str, Any]:
+    (found,) = [r for r in reads.recent_runs(store.database, limit=100) if r["id"] == key]
+    return found
+
+
+def sent_keys(app: Celery) -> list[str]:
+    return [h["voltro_occurrence"] for h in drain(app)]
+
+
+def failing_once(target: object, name: str) -> list[int]:
+    """Make ``target.name`` raise a StoreError on its first call (a blip: a reset
+    connection, a failover); returns the list its calls are counted in."""
+    calls: list[int] = []
+    real = getattr(target, name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise StoreError("the connection was reset (injected)")
+        return real(*args, **kwargs)
+
+    setattr(target, name, call)
+    return calls
+
+
+def test_a_failed_mark_keeps_the_chunk_written_meanwhile(
+    stores: Callable[[str], BeatStore], app: Celery
+) -> None:
+    """Finding 1: a mark statement that fails once, in a delivery of three chunks, must not
+    cost the mark of the chunk written while it ran. Before, that chunk was neither marked
+    nor kept for a retry, and another replica's recovery sent it again a lease later."""
+    holder, other = stores("holder"), stores("other")
+    a, b, c = claimed_now(holder)
+    d = dispatcher(holder, app)
+    chunks = [d.fence([o]) for o in (a, b, c)]
+    failing_once(holder, "mark_published")
+    with pytest.raises(StoreError):
+        d.deliver(chunks)
+    # a's mark failed, b was written meanwhile; the delivery stopped before c.
+    assert sent_keys(app) == [a.key, b.key]
+    assert sorted(d.unmarked) == sorted([a.key, b.key])
+    d.flush()  # the next tick's first step
+    assert all(row(holder, o.key)["status"] == "published" for o in (a, b))
+    time.sleep(d.hold.total_seconds() + 0.2)  # c's lease runs out
+    taken = other.take_over(schedules=set(NAMES), hold=LEASE, limit=10)
+    assert [o.key for o in taken] == [c.key]
+
+
+def test_a_pause_right_before_the_write_must_outlast_a_whole_lease(
+    stores: Callable[[str], BeatStore], app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 2: a chunk is written only while a whole lease of it is left on the
+    database's clock, so a pause of the replica between that check and the broker write (a
+    SIGSTOP, a VM freeze: nothing runs, no lease is renewed) must last longer than the publish
+    timeout before another replica can take the runs over. Before, a chunk fenced less than
+    half a lease ago was written as it was: a pause of just over half the timeout was enough."""
+    holder, other = stores("holder"), stores("other")
+    runs = claimed_now(holder)
+    d = dispatcher(holder, app)
+    fenced = d.fence(runs)
+    time.sleep(LEASE.total_seconds() * 0.45)
+    # The process is paused from here until the write reaches the broker: nothing renews.
+    monkeypatch.setattr("voltro_beat.dispatch._renew", lambda *args: None)
+    publish = d.publisher.publish
+    taken: list[Occurrence] = []
+
+    def paused(messages: Any) -> Any:
+        time.sleep(LEASE.total_seconds() * 0.9)
+        taken.extend(other.take_over(schedules=set(NAMES), hold=LEASE, limit=10))
+        return publish(messages)
+
+    monkeypatch.setattr(d.publisher, "publish", paused)
+    assert d.deliver([fenced])
+    assert taken == []
+    assert sorted(sent_keys(app)) == sorted(o.key for o in runs)
+
+
+def test_sigterm_in_the_middle_of_a_write_waits_for_its_mark(
+    stores: Callable[[str], BeatStore], app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 4: Celery's beat stops on SIGTERM by running the scheduler's close() and then
+    raising SystemExit from its signal handler, wherever the tick is. In the middle of a
+    broker write that unwound the write before its mark: the broker had the chunk, nothing
+    recorded it, and another replica sent it again. The signal now waits until the chunk's
+    mark is under way; the chunks after it are not written."""
+    holder = stores("holder")
+    a, b, c = claimed_now(holder)
+    d = dispatcher(holder, app)
+    chunks = [d.fence([o]) for o in (a, b, c)]
+    publish = d.publisher.publish
+
+    def signalled(messages: Any) -> Any:
+        publish(messages)
+        signal.raise_signal(signal.SIGTERM)  # the kernel delivers it during the write
+
+    monkeypatch.setattr(d.publisher, "publish", signalled)
+    previous = signal.getsignal(signal.SIGTERM)
+    # Celery's own handler: the beat service's sync() (here: the dispatcher's part of the
+    # scheduler's close()), then SystemExit.
+    Beat(app=app).install_sync_handler(SimpleNamespace(sync=d.close))
+    try:
+        with pytest.raises(SystemExit):
+            d.deliver(chunks)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert sent_keys(app) == [a.key]
+    assert row(holder, a.key)["published_at"] is not None
+    assert row(holder, a.key)["status"] == "published"
+    assert [row(holder, o.key)["published_at"] for o in (b, c)] == [None, None]
