@@ -36,7 +36,8 @@ class Settings:
     migrate: bool
     #: A ``claimed`` run row untouched this long is taken over and republished.
     publish_timeout: timedelta
-    #: Skip the task body when its occurrence already succeeded (worker side).
+    #: Skip the task body of a second delivery of an occurrence (worker side): one that
+    #: already succeeded, or whose earlier execution is still live.
     duplicate_guard: bool
     #: The app's ``timezone`` (None: UTC), the default for every entry.
     timezone: str | None
@@ -51,6 +52,9 @@ class Settings:
     log_json: bool = False
     #: A file beat touches after each heartbeat it wrote to the store (liveness probes).
     health_file: str | None = None
+    #: How long a worker's start claim holds a run row without a renewal (worker side): a
+    #: second delivery of a started occurrence runs once the first's lease has lapsed.
+    worker_lease: timedelta = timedelta(seconds=30)
 
     @classmethod
     def from_config(
@@ -121,6 +125,12 @@ class Settings:
             metrics_port=get("voltro_beat_metrics_port", "VOLTRO_BEAT_METRICS_PORT", None, _port),
             log_json=get("voltro_beat_log_json", "VOLTRO_BEAT_LOG_JSON", False, _flag),
             health_file=get("voltro_beat_health_file", "VOLTRO_BEAT_HEALTH_FILE", None, _text),
+            worker_lease=get(
+                "voltro_beat_worker_lease",
+                "VOLTRO_BEAT_WORKER_LEASE",
+                timedelta(seconds=30),
+                _duration,
+            ),
         )
         connect = float(conf.get("broker_connection_timeout") or 4.0)
         if settings.publish_timeout.total_seconds() <= 2 * connect:

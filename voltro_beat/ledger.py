@@ -11,12 +11,19 @@ The rules:
 * **Terminal statuses win.** ``succeeded``, ``failed``, ``revoked`` and ``rejected`` (and the
   beat-side ``missed`` / ``skipped``) are never left: a late or duplicate event changes nothing
   (Celery sends ``task_failure`` twice on a hard time limit; a prerun may arrive after a
-  revoke the main process already recorded).
+  revoke the main process already recorded). One exception: a start moves ``missed``. Beat
+  records ``missed`` a run it could not confirm in time, which the broker may have taken all
+  the same; a worker that starts it shows it was sent, and the ledger says what happened.
 * **Monotonic.** Non-terminal moves never go back: :func:`progress` never decreases. A task
   that retries cycles ``started -> retrying -> started``, so the row's ``retries`` column (the
   attempt number, Celery's ``request.retries``) is part of the state: an event of an older
-  attempt than the row's is stale and changes nothing. ``started`` of the *same* attempt is
-  allowed again, because that is a redelivery (acks_late after a worker crash) running anew.
+  attempt than the row's is stale and changes nothing.
+* **The start claim.** A start holds the row for its worker for ``voltro_beat_worker_lease``
+  (the worker renews it while the body runs). A start of the *same* attempt moves a
+  ``started`` row only once that lease has lapsed: it is a redelivery (acks_late after a
+  worker crash, a second message) whose earlier execution died; while the lease runs, it is
+  a second delivery of a live execution, and the worker does not run its body
+  (:func:`second_delivery`).
 * Worker events only move rows that were published (``claimed`` or later); ``queued``,
   ``missed`` and ``skipped`` rows belong to beat.
 """
@@ -64,8 +71,10 @@ class Stamp(StrEnum):
 class Transition:
     """The effect of one :class:`Event`: the status it moves to and the statuses it moves from.
 
-    A row moves to ``status`` if its status is in ``from_statuses``, or in
-    ``attempt_statuses`` and its ``retries`` is at most the event's attempt.
+    A row moves to ``status`` if its status is in ``from_statuses``; or in
+    ``attempt_statuses`` and its ``retries`` is at most the event's attempt; or in
+    ``held_statuses`` and its ``retries`` is below the event's attempt, or equal to it once the
+    row's worker lease has lapsed.
     """
 
     event: Event
@@ -73,12 +82,17 @@ class Transition:
     stamp: Stamp
     from_statuses: frozenset[Status]
     attempt_statuses: frozenset[Status] = frozenset()
+    held_statuses: frozenset[Status] = frozenset()
 
     def allows(self, state: RunState, attempt: int = 0) -> bool:
         """Whether a row in ``state`` moves when this event of ``attempt`` arrives."""
         if state.status in self.from_statuses:
             return True
-        return state.status in self.attempt_statuses and state.retries <= attempt
+        if state.status in self.attempt_statuses and state.retries <= attempt:
+            return True
+        return state.status in self.held_statuses and (
+            state.retries < attempt or (state.retries == attempt and not state.held)
+        )
 
     def retries_written(self, attempt: int) -> int | None:
         """The ``retries`` this event of ``attempt`` writes (None: the row keeps its own).
@@ -106,7 +120,14 @@ def _finish(event: Event, status: Status) -> Transition:
 
 #: Every event's transition.
 TRANSITIONS: Mapping[Event, Transition] = {
-    Event.STARTED: Transition(Event.STARTED, Status.STARTED, Stamp.START, BEFORE_START, ON_WORKER),
+    Event.STARTED: Transition(
+        Event.STARTED,
+        Status.STARTED,
+        Stamp.START,
+        BEFORE_START | {Status.MISSED},
+        frozenset({Status.RETRYING}),
+        frozenset({Status.STARTED}),
+    ),
     Event.RETRYING: Transition(
         Event.RETRYING, Status.RETRYING, Stamp.RETRY, BEFORE_START, ON_WORKER
     ),
@@ -123,10 +144,12 @@ TRANSITIONS: Mapping[Event, Transition] = {
 
 @dataclass(frozen=True, slots=True)
 class RunState:
-    """The part of a run row the state machine reads: its status and attempt number."""
+    """The part of a run row the state machine reads: its status, its attempt number, and
+    whether a live worker lease holds it (a start claim not lapsed yet)."""
 
     status: Status
     retries: int = 0
+    held: bool = False
 
 
 def transition(event: Event | str) -> Transition:
@@ -143,7 +166,9 @@ def apply(state: RunState, event: Event | str, attempt: int = 0) -> RunState:
     move = transition(event)
     if not move.allows(state, attempt):
         return state
-    return RunState(move.status, move.retries_after(state, attempt))
+    return RunState(
+        move.status, move.retries_after(state, attempt), held=move.stamp is Stamp.START
+    )
 
 
 def progress(state: RunState) -> int:
@@ -152,6 +177,9 @@ def progress(state: RunState) -> int:
     ``claimed`` 0, ``published`` 1, then the attempts interleave: ``started`` of attempt *n*
     is 2n + 3, ``retrying`` after attempt *n* (stored as retries n + 1) is 2n + 4.
     """
+    if state.status == Status.MISSED:
+        # Beat's verdict on a run no worker was seen to start: a start may still come.
+        return 0
     if state.status in TERMINAL:
         return 2**62
     if state.status == Status.CLAIMED:
@@ -164,6 +192,34 @@ def progress(state: RunState) -> int:
         return 2 * state.retries + 2
     # ``queued`` has not been published: before everything a worker reports.
     return -1
+
+
+class Verdict(StrEnum):
+    """What a worker does with a delivery whose start did not move its row."""
+
+    #: Run the body: the row says nothing against it (the guard only skips what is known
+    #: to have run, or to be running).
+    RUN = "run"
+    #: Do not run the body: the occurrence succeeded, or a later attempt is under way.
+    SKIP = "skip"
+    #: Another execution of this attempt holds the row: wait for its lease to lapse (it
+    #: died) or for it to finish, and try the start again.
+    WAIT = "wait"
+
+
+def second_delivery(state: RunState | None, attempt: int) -> Verdict:
+    """The verdict on a delivery of ``attempt`` whose start left a row in ``state`` unmoved
+    (None: no row, which the guard cannot judge)."""
+    if state is None:
+        return Verdict.RUN
+    if state.status == Status.SUCCEEDED:
+        return Verdict.SKIP
+    if state.status in ON_WORKER and state.retries > attempt:
+        return Verdict.SKIP
+    if state.status in IN_FLIGHT or state.status == Status.MISSED:
+        # Held by a live execution, or moved by a concurrent start: look again.
+        return Verdict.WAIT
+    return Verdict.RUN
 
 
 def bounded(text: str, limit: int = MAX_TEXT) -> str:

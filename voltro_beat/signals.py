@@ -8,7 +8,7 @@ module only maps Celery signals to ledger events:
 =========================  =============  ==========================================
 signal                     process        event
 =========================  =============  ==========================================
-task_prerun                pool child     started (and the duplicate guard's check)
+task_prerun                pool child     started: the start claim (and the duplicate guard)
 task_retry                 child / main   retrying
 task_success               pool child     succeeded
 task_failure               child / main   failed, worker_lost, time_limit, rejected
@@ -24,6 +24,14 @@ copies custom headers onto ``task.request``). Where Celery's failure path offers
 id (the hard time limit's ``task_failure`` from the main process), the row is found by its task
 id, which voltro_beat always makes a version-5 UUID: other tasks cost no query. Every handler
 swallows and logs its own errors, so the ledger can never break a task.
+
+The start is a claim (:mod:`voltro_beat.ledger`): it holds the row for this worker for
+``voltro_beat_worker_lease``, renewed every third of it from a thread of the process while the
+body runs. A second delivery of the same occurrence whose start does not move the row runs its
+body only if the ledger says nothing against it (:func:`voltro_beat.ledger.second_delivery`):
+while another execution holds the row it waits, one poll a second, for that lease to lapse
+(the execution died: the start then moves the row and the body runs) or for the row to finish;
+after a whole lease of renewals by a live execution it skips.
 """
 
 from __future__ import annotations
@@ -31,10 +39,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import Celery, signals
@@ -42,8 +51,7 @@ from celery.exceptions import Ignore, Reject, TimeLimitExceeded, WorkerLostError
 
 from voltro_beat import ledger
 from voltro_beat.config import Settings
-from voltro_beat.ledger import Event
-from voltro_beat.status import Status
+from voltro_beat.ledger import Event, RunState, Verdict
 from voltro_beat.store.database import Database
 from voltro_beat.store.run_writer import RunWriter
 
@@ -61,6 +69,8 @@ _DUPLICATE = "voltro_duplicate"
 _STARTED_AT = "voltro_started_at"
 #: Marks the ``before_start`` wrappers installed by the duplicate guard.
 _GUARD_MARK = "_voltro_guard_wraps"
+#: How often a second delivery looks again at a row another execution holds.
+POLL = timedelta(seconds=1)
 
 
 def attach(app: Celery) -> None:
@@ -96,7 +106,11 @@ class _Recorder:
         self._pid: int | None = None
         self._writer: RunWriter | None = None
         self._guard = True
+        self._lease = timedelta(seconds=30)
         self._failing = False
+        #: The runs this process started and holds (key -> worker), renewed by its renewer.
+        self._held: dict[str, str] = {}
+        self._renewer: threading.Thread | None = None
         _RECORDERS.add(self)
 
     def writer(self) -> RunWriter | None:
@@ -117,11 +131,65 @@ class _Recorder:
         self.writer()
         return self._guard
 
+    @property
+    def lease(self) -> timedelta:
+        """How long a start claim holds its row without a renewal (read with the settings)."""
+        self.writer()
+        return self._lease
+
     def reset(self) -> None:
         """Forget the writer (in a freshly forked child); the next event opens a new one."""
         with self._lock:
             self._drop()
             self._pid = None
+            # The parent's renewer thread did not survive the fork, nor do its runs belong here.
+            self._held = {}
+            self._renewer = None
+
+    def start(self, key: str, *, attempt: int, worker: str) -> Verdict:
+        """Claim the start of ``key``'s ``attempt`` for ``worker``: the verdict on its body.
+
+        RUN if the start moved the row (it is then held and renewed until :meth:`release`),
+        or if the ledger cannot tell (no row, unwritable: the ledger never stops a task on
+        its own failure); SKIP for a second delivery the guard stops.
+        """
+        deadline = time.monotonic() + (self.lease + POLL).total_seconds()
+        while True:
+            moved = self.record(
+                Event.STARTED,
+                now=_now(),
+                key=key,
+                attempt=attempt,
+                worker=worker,
+                lease=self.lease,
+            )
+            if moved:
+                self._hold(key, worker)
+                return Verdict.RUN
+            if moved is None or not self.guard:
+                return Verdict.RUN
+            verdict = ledger.second_delivery(self.state(key), attempt)
+            if verdict is not Verdict.WAIT:
+                return verdict
+            if time.monotonic() >= deadline:
+                # Renewed for a whole lease: the other execution is alive.
+                return Verdict.SKIP
+            time.sleep(POLL.total_seconds())
+
+    def release(self, key: str) -> None:
+        """Stop renewing ``key`` (its delivery ended, whatever way)."""
+        with self._lock:
+            self._held.pop(key, None)
+
+    def duplicate(self, key: str) -> None:
+        """Count a delivery of ``key`` whose body did not run."""
+        writer = self.writer()
+        if writer is None:
+            return
+        try:
+            writer.count_duplicate(key)
+        except Exception as exc:
+            self._failed("a duplicate delivery", key, exc)
 
     def record(self, event: Event, *, now: datetime, **fields: Any) -> bool | None:
         """Apply ``event`` to its row: True if it moved, False if not, None if unwritable.
@@ -140,18 +208,42 @@ class _Recorder:
         self._recovered()
         return moved
 
-    def status(self, key: str) -> Status | None:
-        """The recorded status of ``key`` (None if unknown or unreadable)."""
+    def state(self, key: str) -> RunState | None:
+        """The recorded state of ``key`` (None if unknown or unreadable)."""
         writer = self.writer()
         if writer is None:
             return None
         try:
-            status = writer.status(key)
+            state = writer.state(key)
         except Exception as exc:
             self._failed("status read", key, exc)
             return None
         self._recovered()
-        return status
+        return state
+
+    def _hold(self, key: str, worker: str) -> None:
+        with self._lock:
+            self._held[key] = worker
+            if self._renewer is None or not self._renewer.is_alive():
+                self._renewer = threading.Thread(
+                    target=self._renew, name="voltro-beat-worker-lease", daemon=True
+                )
+                self._renewer.start()
+
+    def _renew(self) -> None:
+        """Renew the leases of the runs this process holds, every third of a lease."""
+        while True:
+            time.sleep(self.lease.total_seconds() / 3)
+            with self._lock:
+                held = dict(self._held)
+            writer = self.writer()
+            if writer is None:
+                continue
+            for key, worker in held.items():
+                try:
+                    writer.renew(key, worker=worker, lease=self.lease)
+                except Exception as exc:
+                    self._failed("a worker lease", key, exc)
 
     def _open(self) -> None:
         try:
@@ -162,6 +254,7 @@ class _Recorder:
             logger.error("voltro_beat ledger disabled in this process: %s", exc)
             return
         self._guard = settings.duplicate_guard
+        self._lease = settings.worker_lease
         self._writer = RunWriter(database)
 
     def _drop(self) -> None:
@@ -242,33 +335,29 @@ def _on_prerun(sender: Any = None, task_id: Any = None, task: Any = None, **_: A
     recorder = _recorder(task.app)
     if recorder is None:
         return
-    now = _now()
-    setattr(request, _STARTED_AT, now)
-    moved = recorder.record(
-        Event.STARTED,
-        now=now,
-        key=key,
-        attempt=request.retries or 0,
-        worker=_worker(request.hostname),
-    )
+    setattr(request, _STARTED_AT, _now())
     # The guard costs nothing on the normal path: only a start that did not move the row
-    # (the run is already terminal, or there is no row) reads the status.
-    if moved is False and recorder.guard and recorder.status(key) == Status.SUCCEEDED:
-        setattr(request, _DUPLICATE, True)
-        if getattr(type(task).before_start, _GUARD_MARK, None) is None:
-            logger.warning(
-                "voltro_beat: occurrence %s already succeeded but task %s has no duplicate "
-                "guard (was voltro_beat.attach(app) called before the worker started?); "
-                "running it again",
-                key,
-                task.name,
-            )
-        else:
-            logger.info(
-                "voltro_beat: occurrence %s already succeeded; skipping duplicate delivery %s",
-                key,
-                task_id,
-            )
+    # reads it.
+    verdict = recorder.start(key, attempt=request.retries or 0, worker=_worker(request.hostname))
+    if verdict is Verdict.RUN:
+        return
+    if getattr(type(task).before_start, _GUARD_MARK, None) is None:
+        logger.warning(
+            "voltro_beat: occurrence %s already ran or is running, but task %s has no "
+            "duplicate guard (was voltro_beat.attach(app) called before the worker started?); "
+            "running it again",
+            key,
+            task.name,
+        )
+        return
+    setattr(request, _DUPLICATE, True)
+    recorder.duplicate(key)
+    logger.info(
+        "voltro_beat: occurrence %s already succeeded or is running elsewhere; skipping "
+        "duplicate delivery %s",
+        key,
+        task_id,
+    )
 
 
 @_quietly
@@ -313,6 +402,9 @@ def _on_internal_error(
 def _on_postrun(
     sender: Any = None, task_id: Any = None, retval: Any = None, state: Any = None, **_: Any
 ) -> None:
+    key = _occurrence(sender.request) if sender is not None else None
+    if key is not None and (recorder := _recorder(sender.app)) is not None:
+        recorder.release(key)
     # Older Celery versions send no task_failure for a task that raised Reject(requeue=False)
     # (5.7 does; the second report changes nothing). A requeued one runs again: not the end.
     if state == "REJECTED" and isinstance(retval, Reject) and not retval.requeue:

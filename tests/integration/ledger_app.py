@@ -1,8 +1,8 @@
 """The Celery app the ledger's integration tests run in real worker subprocesses.
 
 Configured by environment variables set by the test: ``LEDGER_BROKER`` (Redis URL, also used
-for the counters), ``VOLTRO_BEAT_STORE_URL`` and ``VOLTRO_BEAT_DUPLICATE_GUARD`` (read by
-voltro_beat's settings), ``LEDGER_VISIBILITY_TIMEOUT`` (seconds, for the redelivery test).
+for the counters), ``VOLTRO_BEAT_STORE_URL``, ``VOLTRO_BEAT_DUPLICATE_GUARD`` and
+``VOLTRO_BEAT_WORKER_LEASE`` (read by voltro_beat's settings), ``LEDGER_VISIBILITY_TIMEOUT`` (seconds, for the redelivery test).
 
 Every task body counts its executions in Redis (``ledger:<token>:runs``) and the pool child's
 pid (``ledger:<token>:pid``); a postrun receiver appends each delivery's final Celery state to
@@ -103,6 +103,13 @@ def hold(token: str) -> int:
 @app.task(name="ledger.hold_requeue", acks_late=True, reject_on_worker_lost=True)
 def hold_requeue(token: str) -> int:
     return _hold_first(token)
+
+
+@app.task(name="ledger.slow")
+def slow(token: str, seconds: float) -> int:
+    runs = _count(token)
+    time.sleep(seconds)
+    return runs
 
 
 @app.task(name="ledger.reject")

@@ -49,6 +49,8 @@ HERE = Path(__file__).resolve().parent
 RUN = uuid.uuid4().hex[:8]
 SCHEDULED_AT = datetime(2026, 1, 1, 9, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=10)
+#: The workers' start claim: a redelivery whose first execution died runs within it.
+WORKER_LEASE = timedelta(seconds=3)
 WAIT = 30.0
 
 
@@ -152,6 +154,7 @@ class Ledger:
         return {
             "LEDGER_BROKER": self.broker_url,
             "VOLTRO_BEAT_STORE_URL": self.postgres_url,
+            "VOLTRO_BEAT_WORKER_LEASE": str(WORKER_LEASE.total_seconds()),
             **extra,
         }
 
@@ -370,7 +373,43 @@ def test_duplicate_delivery_does_not_run_the_body_again(ledger: Ledger, lane: La
     assert ledger.runs(p) == 1
     # The task's own before_start ran for the real delivery only.
     assert int(ledger.redis.get(f"ledger:{p.token}:before_start") or 0) == 1
-    assert ledger.row(p.key) == done
+    assert ledger.row(p.key) == {**done, "duplicates": 1}
+
+
+def test_a_second_delivery_while_the_first_runs_does_not_run_the_body(
+    ledger: Ledger, lane: Lane
+) -> None:
+    """Issue 18: the guard skipped a delivery only once the first had succeeded; a second
+    message that arrived while the first was running ran the body again (chaos scenario 4's
+    thousand). Fails without the start claim: runs == 2."""
+    p = ledger.publish(
+        "while-running", "ledger.slow", queue=lane.queue, args=(f"while-running-{RUN}", 1.5)
+    )
+    ledger.wait_status(p, "started")
+    ledger.send(p, queue=lane.queue)  # taken by the lane's other child while the first runs
+    wait_for("both deliveries", lambda: len(ledger.states(p)) == 2)
+    assert sorted(ledger.states(p)) == ["IGNORED", "SUCCESS"]
+    assert ledger.runs(p) == 1
+    row = ledger.row(p.key)
+    assert (row["status"], row["duplicates"]) == ("succeeded", 1)
+
+
+def test_a_live_first_execution_longer_than_the_lease_keeps_its_claim(
+    ledger: Ledger, lane: Lane
+) -> None:
+    """The first execution renews its lease: after a whole lease of waiting, the second
+    delivery gives up (skips) while the first is still running."""
+    seconds = 3 * WORKER_LEASE.total_seconds()
+    p = ledger.publish(
+        "long-running", "ledger.slow", queue=lane.queue, args=(f"long-running-{RUN}", seconds)
+    )
+    ledger.wait_status(p, "started")
+    ledger.send(p, queue=lane.queue)
+    wait_for("the second delivery to give up", lambda: ledger.states(p) == ["IGNORED"])
+    assert ledger.row(p.key)["status"] == "started"
+    ledger.wait_status(p, "succeeded", timeout=WAIT + seconds)
+    assert ledger.states(p) == ["IGNORED", "SUCCESS"]
+    assert ledger.runs(p) == 1
 
 
 def test_duplicate_guard_can_be_turned_off(ledger: Ledger, celery_worker: StartWorker) -> None:
@@ -422,11 +461,11 @@ def test_advance_is_the_state_machine(contract_writer: RunWriter) -> None:
     writer = contract_writer
     at = now()
     cases = []
-    for n, (event, status, retries, attempt) in enumerate(
-        itertools.product(Event, Status, range(3), range(3))
+    for n, (event, status, retries, attempt, held) in enumerate(
+        itertools.product(Event, Status, range(3), range(3), (False, True))
     ):
         key = f"contract-{RUN}-{n}@{SCHEDULED_AT:%Y-%m-%dT%H:%M:%S}"
-        cases.append((key, event, RunState(status, retries), attempt))
+        cases.append((key, event, RunState(status, retries, held), attempt))
     started_at = at - timedelta(seconds=2)
     with writer.database.engine.begin() as conn:
         conn.execute(
@@ -443,6 +482,8 @@ def test_advance_is_the_state_machine(contract_writer: RunWriter) -> None:
                     "retries": state.retries,
                     "started_at": started_at if state.status in ON_WORKER else None,
                     "worker": "first:1" if state.status in ON_WORKER else None,
+                    # A live start claim, or one that lapsed a minute ago.
+                    "worker_lease_until": at + timedelta(minutes=1 if state.held else -1),
                 }
                 for key, _, state, _ in cases
             ],
@@ -461,6 +502,7 @@ def test_advance_is_the_state_machine(contract_writer: RunWriter) -> None:
             worker="second:2",
             reason="why" if move.stamp == "retry" else None,
             error="Boom: x" if move.status == "failed" else None,
+            lease=timedelta(minutes=10),
         )
     with writer.database.engine.connect() as conn:
         rows = {r["id"]: dict(r) for r in conn.execute(sa.select(runs)).mappings()}
@@ -469,11 +511,13 @@ def test_advance_is_the_state_machine(contract_writer: RunWriter) -> None:
         expected = machine.apply(before, event, attempt)
         case = (event, before, attempt, row)
         assert moved[key] is (expected is not before), case
-        assert RunState(row["status"], row["retries"]) == expected, case
+        assert (row["status"], row["retries"]) == (expected.status, expected.retries), case
         if not moved[key]:
             continue
         if move.stamp == "start":
             assert (row["started_at"], row["worker"]) == (at, "second:2"), case
+            # Held for the lease, on the database's clock.
+            assert row["worker_lease_until"] > at + timedelta(minutes=9), case
         elif move.stamp == "retry":
             assert row["reason"] == "why", case
         else:
@@ -486,8 +530,8 @@ def test_advance_is_the_state_machine(contract_writer: RunWriter) -> None:
             else:
                 assert row["worker"] == "second:2", case
                 assert row["started_at"] is None and row["duration"] is None, case
-    assert writer.status(cases[0][0]) is not None
-    assert writer.status("no-such-run@2026-01-01T00:00:00") is None
+    assert writer.state(cases[0][0]) is not None
+    assert writer.state("no-such-run@2026-01-01T00:00:00") is None
 
 
 def test_ledger_connection_killed_by_the_server_is_replaced(postgres_url: str) -> None:
@@ -500,13 +544,13 @@ def test_ledger_connection_killed_by_the_server_is_replaced(postgres_url: str) -
         coordination=Coordination.ADVISORY_LOCK,
         lease=LEASE,
     )
-    assert writer.status(key) == "claimed"  # opens this thread's ledger connection
+    assert writer.state(key) == RunState("claimed")  # opens this thread's ledger connection
     backend = writer._connection().connection.dbapi_connection.info.backend_pid
     with store.database.engine.connect() as admin:
         killed = admin.execute(sa.select(sa.func.pg_terminate_backend(backend))).scalar()
     assert killed is True
     assert writer.advance(machine.transition(Event.STARTED), now=now(), key=key, worker="w:1")
-    assert writer.status(key) == "started"
+    assert writer.state(key) == RunState("started")  # no lease asked for: not held
     writer.close()
     store.close()
 

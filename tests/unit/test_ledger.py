@@ -67,8 +67,8 @@ def test_every_pair_of_events(first: Event, second: Event) -> None:
     elif second in TERMINAL_EVENTS:
         assert final.status == EXPECTED_STATUS[second]
     elif (first, second) == (Event.STARTED, Event.STARTED):
-        # A redelivery of the same attempt (acks_late after a crash) starts again.
-        assert final == RunState("started", 0)
+        # A second start of the same attempt while the first holds the row: nothing moves.
+        assert final == RunState("started", 0, held=True)
     else:
         # After a retry of attempt 0 the row is at attempt 1: attempt 0's events are stale.
         assert final == RunState("retrying", 1)
@@ -77,7 +77,43 @@ def test_every_pair_of_events(first: Event, second: Event) -> None:
 @pytest.mark.parametrize("event", list(Event))
 @pytest.mark.parametrize("status", ["queued", "missed", "skipped"])
 def test_worker_events_leave_beat_only_rows_alone(event: Event, status: str) -> None:
-    assert apply(RunState(status), event, 0) == RunState(status)
+    if (status, event) == ("missed", Event.STARTED):
+        # Recorded missed, yet a worker got its message: the ledger says it ran.
+        assert apply(RunState(status), event, 0) == RunState("started", 0, held=True)
+    else:
+        assert apply(RunState(status), event, 0) == RunState(status)
+
+
+def test_a_redelivery_starts_again_once_the_first_lease_lapsed() -> None:
+    """acks_late after a worker crash, or a second message: the same attempt starts again
+    only once the first start's worker lease has lapsed (its execution died)."""
+    live = RunState("started", 0, held=True)
+    assert apply(live, Event.STARTED, 0) is live
+    lapsed = RunState("started", 0, held=False)
+    assert apply(lapsed, Event.STARTED, 0) == RunState("started", 0, held=True)
+    # Celery's own retry of the occurrence (a later attempt) never waits.
+    assert apply(live, Event.STARTED, 1) == RunState("started", 1, held=True)
+
+
+@pytest.mark.parametrize(
+    ("state", "attempt", "verdict"),
+    [
+        (None, 0, ledger.Verdict.RUN),
+        (RunState("succeeded"), 0, ledger.Verdict.SKIP),
+        (RunState("retrying", 2), 1, ledger.Verdict.SKIP),
+        (RunState("started", 2, held=True), 1, ledger.Verdict.SKIP),
+        (RunState("started", 1, held=True), 1, ledger.Verdict.WAIT),
+        (RunState("claimed"), 0, ledger.Verdict.WAIT),
+        (RunState("missed"), 0, ledger.Verdict.WAIT),
+        (RunState("failed"), 0, ledger.Verdict.RUN),
+        (RunState("revoked"), 0, ledger.Verdict.RUN),
+        (RunState("queued"), 0, ledger.Verdict.RUN),
+    ],
+)
+def test_the_verdict_on_a_second_delivery(
+    state: RunState | None, attempt: int, verdict: ledger.Verdict
+) -> None:
+    assert ledger.second_delivery(state, attempt) is verdict
 
 
 @pytest.mark.parametrize("event", list(Event))
@@ -101,11 +137,11 @@ def test_a_retried_run_cycles_through_its_attempts() -> None:
         state = apply(state, event, attempt)
         states.append(state)
     assert states == [
-        RunState("started", 0),
+        RunState("started", 0, held=True),
         RunState("retrying", 1),
-        RunState("started", 1),
+        RunState("started", 1, held=True),
         RunState("retrying", 2),
-        RunState("started", 2),
+        RunState("started", 2, held=True),
         RunState("succeeded", 2),
     ]
 
@@ -113,7 +149,7 @@ def test_a_retried_run_cycles_through_its_attempts() -> None:
 def test_late_events_of_an_older_attempt_change_nothing() -> None:
     # The retried delivery started (attempt 1) before attempt 0's retry signal was written.
     state = run([(Event.STARTED, 0), (Event.STARTED, 1), (Event.RETRYING, 0), (Event.STARTED, 0)])
-    assert state == RunState("started", 1)
+    assert state == RunState("started", 1, held=True)
 
 
 def test_hard_time_limit_reported_twice_and_prerun_after_revoke() -> None:
@@ -129,11 +165,18 @@ def test_transition_shapes_match_the_reference() -> None:
     """The store builds its WHERE clause from these sets; ``apply`` is their meaning."""
     for event in Event:
         move = transition(event)
-        for status, retries, attempt in itertools.product(Status, range(3), range(3)):
-            state = RunState(status, retries)
+        for status, retries, attempt, held in itertools.product(
+            Status, range(3), range(3), (False, True)
+        ):
+            state = RunState(status, retries, held)
             moved = apply(state, event, attempt)
-            expected = status in move.from_statuses or (
-                status in move.attempt_statuses and retries <= attempt
+            expected = (
+                status in move.from_statuses
+                or (status in move.attempt_statuses and retries <= attempt)
+                or (
+                    status in move.held_statuses
+                    and (retries < attempt or (retries == attempt and not held))
+                )
             )
             assert move.allows(state, attempt) is expected
             if not expected:

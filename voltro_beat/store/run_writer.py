@@ -11,23 +11,26 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
-from voltro_beat.ledger import Stamp, Transition
+from voltro_beat.ledger import RunState, Stamp, Transition
 from voltro_beat.status import Status
 from voltro_beat.store.database import Database
 from voltro_beat.store.tables import runs
 
 logger = logging.getLogger(__name__)
 
-#: A statement of the writer: ``("status",)``, or (stamp, by key, from, attempt from).
+#: A statement of the writer: one of the named ones below, or (stamp, by key, from, attempt
+#: from, held from) for a transition.
 _Shape = tuple[Any, ...]
-_STATUS: _Shape = ("status",)
+_STATE: _Shape = ("state",)
+_RENEW: _Shape = ("renew",)
+_DUPLICATE: _Shape = ("duplicate",)
 
 
 class RunWriter:
@@ -52,6 +55,7 @@ class RunWriter:
         started_at: datetime | None = None,
         reason: str | None = None,
         error: str | None = None,
+        lease: timedelta | None = None,
     ) -> bool:
         """Apply ``move`` for an event of ``attempt`` as a single conditional UPDATE; True if
         the row moved.
@@ -59,11 +63,18 @@ class RunWriter:
         The row is found by ``key``, else by ``task_id``. Nothing moves when the row is missing
         or its status is not one ``move`` leaves, so duplicate and late events are no-ops and
         concurrent writers need no read-then-write (PostgreSQL re-checks the WHERE clause
-        against the row a concurrent writer just committed).
+        against the row a concurrent writer just committed). A start holds the row for
+        ``lease`` on the database's clock (the worker's start claim; None: not held).
         """
         if key is None and task_id is None:
             raise ValueError("advance needs a key or a task id")
-        shape = (move.stamp, key is not None, move.from_statuses, move.attempt_statuses)
+        shape = (
+            move.stamp,
+            key is not None,
+            move.from_statuses,
+            move.attempt_statuses,
+            move.held_statuses,
+        )
         params = {
             "l_key": key,
             "l_task_id": task_id,
@@ -75,13 +86,24 @@ class RunWriter:
             "l_started_at": started_at,
             "l_reason": reason,
             "l_error": error,
+            **self._lease_params(lease),
         }
         return self._execute(shape, params) is not None
 
-    def status(self, key: str) -> Status | None:
-        """The status of run ``key``, or None if there is no such row."""
-        status = self._execute(_STATUS, {"l_key": key})
-        return None if status is None else Status(status)
+    def state(self, key: str) -> RunState | None:
+        """Run ``key`` as the state machine sees it (held: its worker lease has not lapsed on
+        the database's clock), or None if there is no such row."""
+        row = self._execute(_STATE, {"l_key": key, **self._lease_params(None)})
+        return None if row is None else RunState(Status(row[0]), row[1] or 0, bool(row[2]))
+
+    def renew(self, key: str, *, worker: str, lease: timedelta) -> bool:
+        """Hold run ``key`` for ``lease`` more, if it is still ``started`` by ``worker``."""
+        params = {"l_key": key, "l_worker": worker, **self._lease_params(lease)}
+        return self._execute(_RENEW, params) is not None
+
+    def count_duplicate(self, key: str) -> None:
+        """Count one delivery of ``key`` whose body the worker did not run."""
+        self._execute(_DUPLICATE, {"l_key": key})
 
     def discard(self) -> None:
         """Forget the connections without closing them: this process is a forked child, and
@@ -95,10 +117,20 @@ class RunWriter:
 
     # -- plumbing ------------------------------------------------------------------------
 
+    def _lease_params(self, lease: timedelta | None) -> dict[str, Any]:
+        """The parameters of the worker lease (``l_clock``, ``l_lease_until``: SQLite's, where
+        the database's clock is this host's; ``l_lease``: PostgreSQL's, in seconds)."""
+        clock = self.database.clock()
+        return {
+            "l_clock": clock,
+            "l_lease": None if lease is None else lease.total_seconds(),
+            "l_lease_until": None if lease is None else clock + lease,
+        }
+
     def _execute(self, shape: _Shape, params: Mapping[str, Any]) -> Any:
         """Run the statement ``shape`` on this thread's connection.
 
-        Returns the first column of the first row (None if no row). The worker writes twice
+        Returns the first row (None if no row). The worker writes twice
         per task, so the connection is checked out once and kept (per thread), not taken from
         the pool per write: a checkout's pre-ping and reset cost more than the UPDATE. A
         connection the server dropped is replaced and the statement retried once (every
@@ -111,7 +143,7 @@ class RunWriter:
                     return self._execute_pg(conn, shape, params)
                 # SQLite keeps its BEGIN IMMEDIATE so that writers queue on the busy timeout.
                 with conn.begin():
-                    return conn.execute(self._statement(shape), params).scalar()
+                    return conn.execute(self._statement(shape), params).first()
             except SQLAlchemyError as exc:
                 self._drop()
                 lost = isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated
@@ -140,8 +172,7 @@ class RunWriter:
         # psycopg 3 is not an asyncio driver: its DB-API connection is the driver's own.
         driver = conn.connection.dbapi_connection
         assert driver is not None, "a live connection has a driver connection"
-        row = driver.execute(sql, params).fetchone()
-        return None if row is None else row[0]
+        return driver.execute(sql, params).fetchone()
 
     def _connection(self) -> Connection:
         conn: Connection | None = getattr(self._local, "conn", None)
@@ -188,14 +219,52 @@ class RunWriter:
     def _statement(self, shape: _Shape) -> sa.Select[Any] | sa.Update:
         stmt = self._statements.get(shape)
         if stmt is None:
-            if shape == _STATUS:
-                stmt = sa.select(runs.c.status).where(
-                    runs.c.id == sa.bindparam("l_key", type_=sa.Text)
+            by_key = runs.c.id == sa.bindparam("l_key", type_=sa.Text)
+            if shape == _STATE:
+                stmt = sa.select(runs.c.status, runs.c.retries, self._held()).where(by_key)
+            elif shape == _RENEW:
+                stmt = (
+                    sa.update(runs)
+                    .where(
+                        by_key,
+                        runs.c.status == sa.literal_column(f"'{Status.STARTED.value}'"),
+                        runs.c.worker == sa.bindparam("l_worker", type_=sa.Text),
+                    )
+                    .values(worker_lease_until=self._lease_until())
+                    .returning(runs.c.id)
+                )
+            elif shape == _DUPLICATE:
+                stmt = (
+                    sa.update(runs)
+                    .where(by_key)
+                    .values(
+                        duplicates=sa.func.coalesce(runs.c.duplicates, sa.literal_column("0"))
+                        + sa.literal_column("1")
+                    )
+                    .returning(runs.c.id)
                 )
             else:
                 stmt = self._update(*shape)
             self._statements[shape] = stmt
         return stmt
+
+    def _clock(self) -> sa.ColumnElement[Any]:
+        """The database's clock as the statement runs (SQLite's: this host's, bound)."""
+        if self.database.dialect == "postgresql":
+            return sa.func.clock_timestamp(type_=sa.DateTime(timezone=True))
+        return sa.bindparam("l_clock", type_=runs.c.worker_lease_until.type)
+
+    def _lease_until(self) -> sa.ColumnElement[Any]:
+        """The end of a worker lease taken now."""
+        if self.database.dialect == "postgresql":
+            second = sa.literal_column("interval '1 second'", type_=sa.Interval)
+            return self._clock() + second * sa.bindparam("l_lease", type_=sa.Float)
+        return sa.bindparam("l_lease_until", type_=runs.c.worker_lease_until.type)
+
+    def _held(self) -> sa.ColumnElement[bool]:
+        """Whether the row's worker lease runs (a start claim that has not lapsed)."""
+        until = runs.c.worker_lease_until
+        return sa.and_(until.is_not(None), until >= self._clock())
 
     def _update(
         self,
@@ -203,6 +272,7 @@ class RunWriter:
         by_key: bool,
         from_statuses: frozenset[Status],
         attempt_statuses: frozenset[Status],
+        held_statuses: frozenset[Status],
     ) -> sa.Update:
         """The UPDATE of one transition shape: the columns its :class:`Stamp` names."""
         when = runs.c.started_at.type
@@ -216,13 +286,19 @@ class RunWriter:
             ]
             return runs.c.status.in_(listed)
 
+        attempt = sa.bindparam("l_attempt", type_=sa.Integer)
         moves = among(from_statuses)
         if attempt_statuses:
+            moves = sa.or_(moves, sa.and_(among(attempt_statuses), runs.c.retries <= attempt))
+        if held_statuses:
             moves = sa.or_(
                 moves,
                 sa.and_(
-                    among(attempt_statuses),
-                    runs.c.retries <= sa.bindparam("l_attempt", type_=sa.Integer),
+                    among(held_statuses),
+                    sa.or_(
+                        runs.c.retries < attempt,
+                        sa.and_(runs.c.retries == attempt, sa.not_(self._held())),
+                    ),
                 ),
             )
         target = (
@@ -236,6 +312,7 @@ class RunWriter:
                 started_at=now,
                 worker=sa.bindparam("l_worker", type_=sa.Text),
                 retries=sa.bindparam("l_retries", type_=sa.Integer),
+                worker_lease_until=self._lease_until(),
             )
         elif stamp is Stamp.RETRY:
             values.update(
