@@ -2,7 +2,8 @@
 
 Configured by environment variables set by the test: ``LEDGER_BROKER`` (Redis URL, also used
 for the counters), ``VOLTRO_BEAT_STORE_URL``, ``VOLTRO_BEAT_DUPLICATE_GUARD`` and
-``VOLTRO_BEAT_WORKER_LEASE`` (read by voltro_beat's settings), ``LEDGER_VISIBILITY_TIMEOUT`` (seconds, for the redelivery test).
+``VOLTRO_BEAT_WORKER_LEASE`` (read by voltro_beat's settings), ``LEDGER_VISIBILITY_TIMEOUT``
+(seconds, for the redelivery test).
 
 Every task body counts its executions in Redis (``ledger:<token>:runs``) and the pool child's
 pid (``ledger:<token>:pid``); a postrun receiver appends each delivery's final Celery state to
