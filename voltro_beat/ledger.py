@@ -166,9 +166,7 @@ def apply(state: RunState, event: Event | str, attempt: int = 0) -> RunState:
     move = transition(event)
     if not move.allows(state, attempt):
         return state
-    return RunState(
-        move.status, move.retries_after(state, attempt), held=move.stamp is Stamp.START
-    )
+    return RunState(move.status, move.retries_after(state, attempt), held=move.stamp is Stamp.START)
 
 
 def progress(state: RunState) -> int:
