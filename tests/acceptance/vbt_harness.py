@@ -295,6 +295,8 @@ class Run:
     replica: str | None
     claimed_at: datetime | None
     published_at: datetime | None
+    #: Deliveries whose body the worker's duplicate guard did not run (None: none).
+    duplicates: int | None = None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ Configured entirely from the environment so that one module serves every scenari
   test: ``vbt_harness.EXECUTIONS_DDL``).
 
 The store URL and the replica name come from ``VOLTRO_BEAT_STORE_URL`` and
-``VOLTRO_BEAT_REPLICA``, the way an operator would set them.
+``VOLTRO_BEAT_REPLICA``, the way an operator would set them. The app calls
+``voltro_beat.attach(app)``, as the README asks: its workers keep the run ledger and the
+duplicate guard, so an execution counted in ``vbt_executions`` is a body that ran.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from typing import Any
 import psycopg
 from celery import Celery, Task
 
+import voltro_beat
+
 app = Celery("vbt_proj")
 app.conf.update(timezone="UTC", enable_utc=True, result_expires=None)
 _config_file = os.environ.get("VBT_CONFIG_FILE")
 if _config_file:
     app.conf.update(runpy.run_path(_config_file)["CONFIG"])
+voltro_beat.attach(app)
 
 _conn: tuple[int, psycopg.Connection[Any]] | None = None
 

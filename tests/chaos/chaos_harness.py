@@ -7,8 +7,9 @@
   dirs, no plugins), started with ``rabbitmq-server`` and stopped with ``rabbitmqctl -n``.
 * :class:`MissedWatcher`: polls the run table and notes when (on the true clock) each row was
   first seen ``missed``, to tell a row recorded before ``instant + max_lateness``.
-* :func:`tally`: the summary row of a scenario (occurrences, executed once, duplicates, early,
-  missed by reason, lost), from the worker's executions and the run rows.
+* :func:`tally`: the summary row of a scenario (occurrences, executed once, executed twice,
+  second messages, early, missed by reason, lost), from the worker's executions and the run
+  rows.
 """
 
 from __future__ import annotations
@@ -359,13 +360,16 @@ class Tally:
     scenario: str
     occurrences: int = 0
     executed_once: int = 0
-    #: Second (and later) messages of an occurrence executed, and how many occurrences had
-    #: any: executions the broker did not flag as redelivered, beyond the first.
-    duplicates: int = 0
-    duplicated_keys: int = 0
+    #: Executions of an occurrence beyond its first, whatever message they came from: the
+    #: body run twice, which must never happen.
+    executed_twice: int = 0
+    #: Deliveries of an occurrence beyond its first, executed or not (the worker's duplicate
+    #: guard skips them: the run row's ``duplicates``): second messages, and how many
+    #: occurrences had any.
+    second_messages: int = 0
+    second_keys: int = 0
     #: Executions of a message the broker delivered again (flagged ``redelivered``: an
-    #: unacknowledged delivery when the broker or the connection went away): one message run
-    #: twice, which the worker's duplicate guard is for, not a second publish.
+    #: unacknowledged delivery when the broker or the connection went away).
     redelivered: int = 0
     #: Executions that started before their instant (more than EARLY_SLACK).
     early: int = 0
@@ -409,18 +413,20 @@ def tally(
             problems.append(f"{key}: executed with task id {e.task_id}, not uuid5(key)")
     t = Tally(scenario, occurrences=len(keys))
     lost: list[str] = []
+    second = second_messages(outcome)
     for key in sorted(keys):
         times = ran.get(key, [])
         run = outcome.runs.get(key)
         instant = scheduled_at(key)
-        messages = len(times) - again[key]
         t.redelivered += again[key]
         if len(times) == 1:
             t.executed_once += 1
-        if messages > 1:
-            t.duplicates += messages - 1
-            t.duplicated_keys += 1
-            problems.append(f"{key}: executed {len(times)} times ({messages} messages)")
+        if second[key]:
+            t.second_messages += second[key]
+            t.second_keys += 1
+        if len(times) > 1:
+            t.executed_twice += len(times) - 1
+            problems.append(f"{key}: executed {len(times)} times ({again[key]} redelivered)")
         early = [at for at in times if at < instant - EARLY_SLACK]
         if early:
             t.early += len(early)
@@ -454,13 +460,27 @@ def tally(
         else:
             where = ""
         problems.append(f"{key}: never executed, not recorded missed (run row {shown}){where}")
-    # Executions of occurrences outside the window are not counted, but a duplicate of one is
-    # still a duplicate.
+    # Executions of occurrences outside the window are not counted, but one run twice is
+    # still run twice.
     for key, times in ran.items():
-        if key not in keys and len(times) - again[key] > 1:
+        if key not in keys and len(times) > 1:
             problems.append(f"{key} (outside the window): executed {len(times)} times")
     t.problems = problems
     return t
+
+
+def second_messages(outcome: Outcome) -> Counter[str]:
+    """Deliveries of each occurrence beyond its first that the broker did not flag as
+    redelivered: the ones the worker's guard skipped (its run row's ``duplicates``) and any
+    it executed."""
+    executed = Counter(e.occurrence for e in outcome.executions if not e.redelivered)
+    counts: Counter[str] = Counter()
+    for key, run in outcome.runs.items():
+        counts[key] += run.duplicates or 0
+    for key, n in executed.items():
+        if key is not None and n > 1:
+            counts[key] += n - 1
+    return counts
 
 
 def executions_by_replica(outcome: Outcome, keys: Iterable[str]) -> Counter[str]:

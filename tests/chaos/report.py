@@ -29,9 +29,9 @@ def render(rows: list[dict[str, Any]]) -> str:
         f" results ({'; '.join(runs)}). *reported* rows show what happens, they assert"
         " nothing.",
         "",
-        "| scenario | occurrences | executed once | duplicates | redelivered | early"
-        " | missed (reason) | lost | result |",
-        "|---|---:|---:|---:|---:|---:|---|---:|---|",
+        "| scenario | occurrences | executed once | executed twice | second messages"
+        " | redelivered | early | missed (reason) | lost | result |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---|",
     ]
     for r in rows:
         missed = ", ".join(f"{n} {reason}" for reason, n in sorted(r["missed"].items())) or "0"
@@ -42,8 +42,8 @@ def render(rows: list[dict[str, Any]]) -> str:
             lost += f" ({r['lost_after_broker']} accepted by Redis)"
         lines.append(
             f"| {r['scenario']} | {r['occurrences']} | {r['executed_once']}"
-            f" | {r['duplicates']} | {r.get('redelivered', 0)} | {r['early']} | {missed}"
-            f" | {lost} | {r['result']} |"
+            f" | {r.get('executed_twice', '?')} | {r.get('second_messages', '?')}"
+            f" | {r.get('redelivered', 0)} | {r['early']} | {missed} | {lost} | {r['result']} |"
         )
     lines += ["", "Notes:", ""]
     for r in rows:
