@@ -220,6 +220,12 @@ def pytest_runtest_makereport(
 
 
 @pytest.fixture(scope="session")
+def amqp_url() -> str:
+    """The RabbitMQ server's URL (its default vhost)."""
+    return service_url("RabbitMQ", AMQP_URL)
+
+
+@pytest.fixture(scope="session")
 def redis_url() -> str:
     """The Redis server's URL without a database number (append ``/<db>`` of your own)."""
     return service_url("Redis", REDIS_URL).rstrip("/")

@@ -18,7 +18,9 @@ recovery sweep, a queued run's promotion):
 3. **mark** the chunk once the broker confirmed it (its publish time stamped, its leases
    ended: no recovery takes it over any more), on a thread of its own while the next chunk is
    written: at most two chunks are ever written and unmarked at once. A mark that fails keeps
-   its keys, and those of the chunk written meanwhile, for the next try (:meth:`flush`);
+   its keys, and those of the chunk written meanwhile, for the next try (:meth:`flush`).
+   Messages the broker refused (a RabbitMQ nack, a Redis command error) are not marked: their
+   leases end at once, for recovery to send them again within their lateness;
 4. **settle**: once every chunk is written and marked, the marked runs still ``claimed`` are
    recorded ``published`` (the status change costs the store more than the mark, and waits
    until the messages are out).
@@ -98,6 +100,8 @@ class Dispatcher:
         #: Both lists are kept by this thread and the marker's.
         self._lock = threading.Lock()
         self.broker_down = False
+        #: The broker refused messages of the last write (a warning says so once).
+        self.refusing = False
         #: Set by :meth:`close`, which Celery's SIGTERM handler may run in the middle of a tick:
         #: whatever that tick does next writes nothing to the broker.
         self.closed = False
@@ -145,7 +149,7 @@ class Dispatcher:
                 if not chunk:
                     continue
                 with _signals_held(), self._renewing([o.key for o in chunk]):
-                    sent = self._write(chunk)
+                    sent, answered = self._write(chunk)
                     try:
                         _wait(marking)
                     except StoreError:
@@ -153,7 +157,7 @@ class Dispatcher:
                         marking = None
                         raise
                     marking = self._start_mark(sent)
-                if len(sent) < len(chunk):
+                if not answered:
                     complete = False
                     break
         finally:
@@ -189,31 +193,59 @@ class Dispatcher:
 
     # -- the steps --------------------------------------------------------------------------
 
-    def _write(self, occurrences: Sequence[Occurrence]) -> list[str]:
-        """Send ``occurrences``; return the keys the broker confirmed."""
-        messages = []
-        for o in occurrences:
-            entry = self.entries[o.schedule]
-            logger.info("Scheduler: Sending due task %s (%s) as %s", entry.name, entry.task, o.key)
-            messages.append((entry, o.key, o.task_id))
+    def _write(self, occurrences: Sequence[Occurrence]) -> tuple[list[str], bool]:
+        """Send ``occurrences``; return the keys the broker took, and whether it answered
+        for every message (False: it failed, the rest stays for recovery)."""
+        messages = [(self.entries[o.schedule], o.key, o.task_id) for o in occurrences]
+        answered = len(messages)
+        refused: dict[int, str] = {}
         try:
-            self.publisher.publish(messages)
-            confirmed = [key for _, key, _ in messages]
+            refused = self.publisher.publish(messages)
         except PublishError as exc:
-            # Fail closed: what the broker did not confirm stays ``claimed``; once its lease
-            # runs out a recovery sweep republishes it with the same task ids.
+            # Fail closed: what the broker did not answer for stays ``claimed``; once its
+            # lease runs out a recovery sweep republishes it with the same task ids.
             if not self.broker_down:
                 logger.warning("voltro_beat: broker unreachable, will retry: %s", exc)
             self.broker_down = True
             self.metrics.broker_error()
-            confirmed = [key for _, key, _ in messages[: exc.confirmed]]
+            answered, refused = exc.confirmed, exc.refused
         else:
             if self.broker_down:
                 logger.warning("voltro_beat: broker is reachable again")
             self.broker_down = False
+        if refused:
+            self._refuse([messages[i][1] for i in sorted(refused)], refused)
+        elif self.refusing and answered == len(messages):
+            logger.warning("voltro_beat: the broker takes every message again")
+            self.refusing = False
+        taken = [o for i, o in enumerate(occurrences[:answered]) if i not in refused]
+        for o in taken:
+            entry = self.entries[o.schedule]
+            logger.info("Scheduler: Sent due task %s (%s) as %s", entry.name, entry.task, o.key)
         if self.metrics.enabled:
-            self.metrics.published(occurrences[: len(confirmed)], self.clock.now())
-        return confirmed
+            self.metrics.published(taken, self.clock.now())
+        return [o.key for o in taken], answered == len(messages)
+
+    def _refuse(self, keys: list[str], reasons: Mapping[int, str]) -> None:
+        """Give the runs of ``keys``, refused by the broker, back to recovery at once."""
+        by_reason: dict[str, list[str]] = {}
+        for key, reason in zip(keys, (reasons[i] for i in sorted(reasons)), strict=True):
+            by_reason.setdefault(reason, []).append(key)
+        level = logging.DEBUG if self.refusing else logging.WARNING
+        self.refusing = True
+        for reason, refused in by_reason.items():
+            logger.log(
+                level,
+                "voltro_beat: %s: %d messages not sent (%s); retried within their "
+                "max_lateness, else recorded missed (broker_refused)",
+                reason,
+                len(refused),
+                ", ".join(refused[:5]),
+            )
+            try:
+                self.store.refuse(refused, reason=reason)
+            except StoreError as exc:  # their leases run out on their own
+                logger.debug("voltro_beat: could not hand refused runs back: %s", exc)
 
     def _holds(self, fenced: Fenced) -> bool:
         """Whether at least a whole lease of ``fenced`` is left, on the latest the database's

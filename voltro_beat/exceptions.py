@@ -35,8 +35,13 @@ class NaiveDatetimeError(VoltroBeatError, ValueError):
 
 
 class PublishError(VoltroBeatError):
-    """The broker did not take every message; the first ``confirmed`` ones were sent."""
+    """The broker failed before it answered for every message: it answered for the first
+    ``confirmed`` ones, and of those it refused the ones in ``refused`` (index -> the
+    broker's reason) and took the rest."""
 
-    def __init__(self, message: str, *, confirmed: int) -> None:
+    def __init__(
+        self, message: str, *, confirmed: int, refused: dict[int, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.confirmed = confirmed
+        self.refused = refused or {}

@@ -196,46 +196,60 @@ class _Template(NamedTuple):
 class _Confirms:
     """RabbitMQ's publisher confirms on one channel, waited for a batch at a time.
 
-    The channel is in confirm mode: the broker acknowledges each message it took (delivery
-    tags 1, 2, ... in publish order, several at once when ``multiple``). Waiting for the last
-    tag of a batch (:data:`CONFIRM_EVERY` messages) costs about one round trip for the whole
-    batch, where waiting for each message (kombu's ``confirm_publish``) costs one per message.
+    The channel is in confirm mode: the broker answers each message with an ack (it took it)
+    or a nack (it refused it: a queue at ``x-max-length`` with ``reject-publish``, an internal
+    queue error), by delivery tag (1, 2, ... in publish order), several at once when
+    ``multiple``. Waiting for the last tag of a batch (:data:`CONFIRM_EVERY` messages) costs
+    about one round trip for the whole batch, where waiting for each message (kombu's
+    ``confirm_publish``) costs one per message.
     """
 
     def __init__(self, channel: Any) -> None:
         channel.confirm_select()
         #: The tags handed out on this channel so far (one per basic.publish).
         self.published = 0
-        #: Every tag up to this one is acknowledged.
-        self.acked = 0
-        self._acks: set[int] = set()
-        self.nacked = False
+        #: The broker answered for every tag up to this one.
+        self.answered = 0
+        #: The answered tags it refused (until the publisher collects them).
+        self.refused: set[int] = set()
+        #: Answers beyond ``answered`` (tag -> refused), out of order.
+        self._early: dict[int, bool] = {}
         channel.events["basic_ack"].add(self._on_ack)
         channel.events["basic_nack"].add(self._on_nack)
 
     def _on_ack(self, tag: int, multiple: bool) -> None:
-        if multiple:
-            self.acked = max(self.acked, tag)
-        else:
-            self._acks.add(tag)
-        while self.acked + 1 in self._acks:
-            self.acked += 1
-        self._acks = {t for t in self._acks if t > self.acked}
+        self._answer(tag, multiple, refused=False)
 
     def _on_nack(self, tag: int, multiple: bool) -> None:
-        self.nacked = True
+        self._answer(tag, multiple, refused=True)
+
+    def _answer(self, tag: int, multiple: bool, *, refused: bool) -> None:
+        for t in range(self.answered + 1, tag + 1) if multiple else (tag,):
+            self._early.setdefault(t, refused)
+        while self.answered + 1 in self._early:
+            self.answered += 1
+            if self._early.pop(self.answered):
+                self.refused.add(self.answered)
 
     def wait(self, connection: Connection, timeout: float) -> None:
-        """Until every message published so far is acknowledged; raises if one was refused or
-        the acknowledgements do not come within ``timeout`` seconds."""
+        """Until the broker answered every message published so far; raises if the answers
+        do not come within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        while self.acked < self.published:
-            if self.nacked:
-                raise OSError("the broker refused a message (basic.nack)")
+        while self.answered < self.published:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"no publisher confirm within {timeout:g} s")
             connection.drain_events(timeout=remaining)
+
+    def collect(self, first: int) -> dict[int, str]:
+        """The refused messages published after tag ``first``, by their index from it."""
+        refused = {
+            tag - first - 1: "refused by the broker (basic.nack)"
+            for tag in self.refused
+            if tag > first
+        }
+        self.refused.clear()
+        return refused
 
 
 class Publisher:
@@ -253,19 +267,22 @@ class Publisher:
         #: On AMQP, the producer channel's publisher confirms.
         self._confirms: _Confirms | None = None
 
-    def publish(self, messages: Sequence[tuple[Entry, str, str]]) -> None:
-        """Send each ``(entry, occurrence key, task id)``.
+    def publish(self, messages: Sequence[tuple[Entry, str, str]]) -> dict[int, str]:
+        """Send each ``(entry, occurrence key, task id)``; return the messages the broker
+        refused (by index in ``messages``, with its reason): it took all the others.
 
         Where the transport supports it (Redis) the messages go out pipelined: the captured
-        payloads on one redis-py pipeline, the rest through kombu's ``Producer.batch``, so a
-        10,000-schedule minute costs a few round trips rather than 10,000. On AMQP the call
-        returns once the broker confirmed every message. Raises :class:`PublishError` if the
-        broker failed; its ``confirmed`` counts the leading messages known to have been taken
-        (none, once anything was pipelined).
+        payloads on one redis-py transaction, the rest through kombu's ``Producer.batch``, so
+        a 10,000-schedule minute costs a few round trips rather than 10,000. On AMQP the call
+        returns once the broker answered every message (publisher confirms: a nack is a
+        refusal). On Redis a command of the transaction that fails (``WRONGTYPE`` on one
+        queue's key) refuses the messages it carried; the others went in. Raises
+        :class:`PublishError` if the broker failed; its ``confirmed`` counts the leading
+        messages it answered for (none, once anything was pipelined).
         """
         sent = 0
         batched = False
-        pushes: list[tuple[str, str]] = []
+        pushes: list[tuple[str, str, int]] = []
         confirms: _Confirms | None = None
         first = 0
         try:
@@ -282,7 +299,7 @@ class Publisher:
                     elif isinstance(template, _RedisPush):
                         self._declare(producer, template.declare)
                         payload = template.payload(key, task_id, next(tags))
-                        pushes.append((template.list_key, payload))
+                        pushes.append((template.list_key, payload, sent))
                     else:
                         retry = not batched and confirms is None
                         self._replay(producer, template, key, task_id, retry=retry)
@@ -291,29 +308,42 @@ class Publisher:
                         confirms.published += 1
                         if confirms.published % CONFIRM_EVERY == 0:
                             confirms.wait(producer.connection, self.write_timeout.total_seconds())
-            if pushes:
-                self._lpush(producer, pushes)
+            refused = self._lpush(producer, pushes) if pushes else {}
             if confirms is not None:
                 confirms.wait(producer.connection, self.write_timeout.total_seconds())
+                refused.update(confirms.collect(first))
         except Exception as exc:
             self.reset()
             if confirms is not None:
-                confirmed = max(0, confirms.acked - first)
-            else:
-                confirmed = 0 if batched or pushes else sent
-            raise PublishError(str(exc), confirmed=confirmed) from exc
+                answered = max(0, confirms.answered - first)
+                raise PublishError(
+                    str(exc), confirmed=answered, refused=confirms.collect(first)
+                ) from exc
+            raise PublishError(str(exc), confirmed=0 if batched or pushes else sent) from exc
+        return refused
 
     @staticmethod
-    def _lpush(producer: Producer, pushes: Sequence[tuple[str, str]]) -> None:
+    def _lpush(producer: Producer, pushes: Sequence[tuple[str, str, int]]) -> dict[int, str]:
+        """LPUSH the payloads; return the messages (by index) of any command Redis refused."""
         # The client as kombu's own PublishBatch takes it, so a global_keyprefix still applies.
         channel = producer.channel
+        carried: list[list[int]] = []
         # MULTI/EXEC: Redis runs the whole chunk or none of it, so a connection cut mid-chunk
         # leaves nothing half-sent; only a reply lost after EXEC leaves the chunk in doubt.
         with channel.conn_or_acquire() as client, client.pipeline(transaction=True) as pipe:
             # One LPUSH of many values leaves the list exactly as that many single LPUSHes.
             for list_key, group in itertools.groupby(pushes, key=operator.itemgetter(0)):
-                pipe.lpush(list_key, *(payload for _, payload in group))
-            pipe.execute()
+                values = list(group)
+                pipe.lpush(list_key, *(payload for _, payload, _ in values))
+                carried.append([index for _, _, index in values])
+            # A command that fails inside EXEC fails alone: the others ran.
+            results = pipe.execute(raise_on_error=False)
+        return {
+            index: f"refused by the broker: {result}"
+            for result, indices in zip(results, carried, strict=True)
+            if isinstance(result, Exception)
+            for index in indices
+        }
 
     def _send(self, producer: Producer, entry: Entry, key: str, task_id: str) -> None:
         """Celery's own path: ``apply_async`` for registered tasks, ``send_task`` otherwise."""

@@ -46,6 +46,9 @@ class Reason(StrEnum):
     STORE_DOWN = "store_down"
     #: Never confirmed by the broker within its ``max_lateness``.
     PUBLISH_FAILED = "publish_failed"
+    #: Refused by the broker (a RabbitMQ nack, a Redis command error) at every try within
+    #: its ``max_lateness``; the run's ``error`` holds the broker's last answer.
+    BROKER_REFUSED = "broker_refused"
     #: Left claimed by a replica and past its ``max_lateness``, of a schedule no live replica
     #: runs any more (removed or renamed in a deploy).
     UNKNOWN_SCHEDULE = "unknown_schedule"

@@ -148,5 +148,5 @@ def test_bad_configuration_exits_at_boot_naming_the_culprit(
     missing = [s for s in case.says if s not in result.output]
     assert not missing, f"beat's output does not name {missing}:\n{tail}"
     assert "ConfigurationError" in result.output, tail
-    assert "Sending due task" not in result.output, tail
+    assert "Sent due task" not in result.output, tail
     assert (result.queued, result.executions, result.runs) == (0, 0, 0)

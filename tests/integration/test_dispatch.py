@@ -1,6 +1,7 @@
 """The dispatcher's fence, write, mark and settle against real stores (SQLite and PostgreSQL,
 ``url``) and kombu's in-memory broker, on the real clock: what a failed statement, a pause or
-Celery's own SIGTERM handler in the middle of a delivery leaves behind (issue 18).
+Celery's own SIGTERM handler in the middle of a delivery leaves behind (issue 18). And what a
+real broker's refusal of some messages leaves: RabbitMQ's nack, a Redis command error.
 
 A fault is injected by wrapping one store or publisher method of a real object (the statement
 fails once, the write pauses): the store, its SQL and the broker are the real ones.
@@ -16,9 +17,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import redis
 from beat_kit import drain
 from celery import Celery
 from celery.apps.beat import Beat
+from kombu import Connection, Queue
 
 from voltro_beat.clock import Clock, ClockMode
 from voltro_beat.coordination import Coordination
@@ -60,9 +63,14 @@ def stores(url: str) -> Iterator[Callable[[str], BeatStore]]:
         store.close()
 
 
-def dispatcher(store: BeatStore, app: Celery) -> Dispatcher:
+def dispatcher(store: BeatStore, app: Celery, queues: dict[str, str] | None = None) -> Dispatcher:
+    """A dispatcher of the schedules :data:`NAMES` (each sent to ``queues[name]`` if given)."""
     entries = parse_entries(
-        {name: {"task": "proj.work", "schedule": 60.0} for name in NAMES},
+        {
+            name: {"task": "proj.work", "schedule": 60.0}
+            | ({"options": {"queue": queues[name]}} if queues else {})
+            for name in NAMES
+        },
         tz="UTC",
         max_lateness=timedelta(hours=1),
     )
@@ -172,8 +180,9 @@ def test_sigterm_in_the_middle_of_a_write_waits_for_its_mark(
     publish = d.publisher.publish
 
     def signalled(messages: Any) -> Any:
-        publish(messages)
+        refused = publish(messages)
         signal.raise_signal(signal.SIGTERM)  # the kernel delivers it during the write
+        return refused
 
     monkeypatch.setattr(d.publisher, "publish", signalled)
     previous = signal.getsignal(signal.SIGTERM)
@@ -189,3 +198,84 @@ def test_sigterm_in_the_middle_of_a_write_waits_for_its_mark(
     assert row(holder, a.key)["published_at"] is not None
     assert row(holder, a.key)["status"] == "published"
     assert [row(holder, o.key)["published_at"] for o in (b, c)] == [None, None]
+
+
+# -- the broker refuses some messages ---------------------------------------------------------
+
+
+def queued(broker: str, queue: str) -> list[str]:
+    """The occurrence keys of the messages in ``queue`` (taken off it)."""
+    keys = []
+    with Connection(broker) as conn:
+        channel = conn.default_channel
+        while (message := channel.basic_get(queue=queue, no_ack=True)) is not None:
+            keys.append(message.headers["voltro_occurrence"])
+    return keys
+
+
+def test_rabbitmq_refusing_a_message_leaves_it_for_recovery(
+    stores: Callable[[str], BeatStore], amqp_url: str
+) -> None:
+    """Finding 3: a queue at its x-max-length with reject-publish nacks what does not fit.
+    Before, the refused run was marked published (in no queue) and the chunk's other runs
+    stayed claimed, sent again every lease until max_lateness. Now each delivery tag counts:
+    the taken runs are marked, the refused one is not, its lease ends at once with the
+    broker's answer noted, and recovery sends it (only it) again."""
+    name = f"vbt-refuse-{time.monotonic_ns()}"
+    app = Celery("refuse", broker=amqp_url, set_as_current=False)
+    full = {"x-max-length": 2, "x-overflow": "reject-publish", "x-expires": 60_000}
+    app.conf.task_queues = [Queue(name, routing_key=name, queue_arguments=full)]
+    holder, other = stores("holder"), stores("other")
+    a, b, c = claimed_now(holder)
+    d = dispatcher(holder, app, queues=dict.fromkeys(NAMES, name))
+    assert d.deliver([d.fence([a, b, c])])  # the broker answered for all three
+    assert sorted(queued(amqp_url, name)) == sorted([a.key, b.key])
+    assert [row(holder, o.key)["status"] for o in (a, b)] == ["published", "published"]
+    refused = row(holder, c.key)
+    assert (refused["status"], refused["published_at"]) == ("claimed", None)
+    assert "basic.nack" in refused["error"]
+    # Its lease ended at once: recovery (any replica) takes it now and sends it again.
+    taken = other.take_over(schedules=set(NAMES), hold=LEASE, limit=10)
+    assert [o.key for o in taken] == [c.key]
+    again = dispatcher(other, app, queues=dict.fromkeys(NAMES, name))
+    assert again.send(taken)
+    assert queued(amqp_url, name) == [c.key]
+    assert (row(other, c.key)["status"], row(other, c.key)["error"]) == ("published", None)
+
+
+def test_a_redis_command_error_refuses_only_its_messages(
+    stores: Callable[[str], BeatStore], redis_url: str
+) -> None:
+    """Reasoning item: one queue's key holds a string (WRONGTYPE inside EXEC) while the other
+    pushes of the transaction ran. Before, nothing of the chunk counted as confirmed and all of
+    it went out again every lease; now only that queue's message is refused."""
+    broker = f"{redis_url}/11"
+    client = redis.Redis.from_url(broker)
+    client.flushdb()
+    app = Celery("wrongtype", broker=broker, set_as_current=False)
+    holder = stores("holder")
+    a, b, c = claimed_now(holder)
+    d = dispatcher(holder, app, queues={"a": "fine", "b": "fine", "c": "broken"})
+    d.publisher.prepare(list(d.entries.values()))  # queues declared, payloads captured
+    client.set("broken", "not a list")  # then someone's code overwrites one queue's key
+    assert d.deliver([d.fence([a, b, c])])
+    assert client.llen("fine") == 2
+    assert [row(holder, o.key)["status"] for o in (a, b)] == ["published", "published"]
+    refused = row(holder, c.key)
+    assert (refused["status"], refused["published_at"]) == ("claimed", None)
+    assert "WRONGTYPE" in refused["error"]
+    client.flushdb()
+
+
+def test_a_run_refused_until_its_deadline_is_missed_with_the_reason(
+    stores: Callable[[str], BeatStore],
+) -> None:
+    holder = stores("holder")
+    at = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=5)
+    run = Occurrence.of("a", "proj.work", at, deadline=at + timedelta(seconds=5.5))
+    assert holder.claim([run], coordination=LOCK, lease=LEASE) == {run.key}
+    holder.refuse([run.key], reason="refused by the broker (basic.nack)")
+    time.sleep(0.6)  # past the deadline
+    (missed,) = holder.expire(known=set(NAMES), limit=10)
+    assert (missed.key, missed.reason) == (run.key, "broker_refused")
+    assert row(holder, run.key)["error"] == "refused by the broker (basic.nack)"

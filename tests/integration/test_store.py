@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -584,3 +585,21 @@ def test_fence_renewal_and_mark_update_rows_in_place(pg_url: str) -> None:
     finally:
         store.close()
     assert seen == {"updated": 3 * len(keys), "in place": 3 * len(keys)}
+
+
+def test_sqlite_commits_beat_durably_and_the_ledger_relaxed(tmp_path: Any) -> None:
+    """Reasoning item: with synchronous=NORMAL a power loss after a publish could roll back
+    its claim and run row (WAL not yet synced), and catch-up at reboot would send again.
+    Beat's connections sync every commit (FULL = 2); the workers' ledger writes need not
+    (NORMAL = 1), as their PostgreSQL writes use synchronous_commit=off."""
+    from voltro_beat.store.run_writer import RunWriter
+
+    database = Database.open(f"sqlite:///{tmp_path / 'durable.sqlite3'}")
+    database.upgrade()
+    with database.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2
+    writer = RunWriter(database)
+    sqlite = writer._connection().connection.dbapi_connection
+    assert sqlite is not None
+    assert sqlite.execute("PRAGMA synchronous").fetchone()[0] == 1
+    writer.close()

@@ -84,7 +84,7 @@ def test_settings_metrics_port_and_json_logs() -> None:
 def test_json_log_line_names_the_schedule_and_key() -> None:
     record = logging.LogRecord(
         "voltro_beat.dispatch", logging.INFO, __file__, 1,
-        "Scheduler: Sending due task %s (%s) as %s",
+        "Scheduler: Sent due task %s (%s) as %s",
         ("poll", "proj.poll", "poll@2026-01-01T12:00:00.500"), None,
     )  # fmt: skip
     line = json.loads(JsonFormatter().format(record))

@@ -307,6 +307,26 @@ class BeatStore:
                 )
         return lost
 
+    def refuse(self, keys: Iterable[str], *, reason: str) -> None:
+        """End the leases of ``keys``, whose messages the broker refused (not sent), and
+        note its ``reason`` in their ``error``: recovery sends them again at once, within
+        their deadline; past it, :meth:`expire` records them missed (``broker_refused``)."""
+        keys = list(keys)
+        if not keys:
+            return
+        now = self.database.now()
+        stmt = (
+            sa.update(runs)
+            .where(
+                runs.c.id.in_(sa.bindparam("keys", expanding=True)),
+                runs.c.status == Status.CLAIMED,
+                runs.c.replica == self.replica,
+                runs.c.published_at.is_(None),
+            )
+            .values(lease_until=now, error=reason)
+        )
+        self._write_in_chunks(stmt, keys)
+
     def settle(self, keys: Iterable[str]) -> None:
         """Record as ``published`` the marked runs of ``keys`` still ``claimed``: a statement
         per :data:`SETTLE_BATCH` rows, so that a worker's ledger write never waits long on
@@ -328,7 +348,7 @@ class BeatStore:
                 runs.c.status == Status.CLAIMED,
                 runs.c.published_at.is_not(None),
             )
-            .values(status=Status.PUBLISHED.value)
+            .values(status=Status.PUBLISHED.value, error=None)
         )
         self._write_in_chunks(stmt, keys)
 
@@ -343,7 +363,7 @@ class BeatStore:
                     runs.c.status == Status.CLAIMED,
                     runs.c.published_at < self.database.now() - after,
                 )
-                .values(status=Status.PUBLISHED.value)
+                .values(status=Status.PUBLISHED.value, error=None)
             )
             return conn.execute(stmt).rowcount
 
@@ -485,6 +505,7 @@ class BeatStore:
     def expire(self, *, known: Collection[str], limit: int) -> list[Occurrence]:
         """Record as ``missed`` at most ``limit`` ``claimed`` runs whose lease ran out and
         whose deadline passed (guarantee 6), whatever their schedule: reason
+        ``broker_refused`` if the broker refused its last try (:meth:`refuse`), else
         ``publish_failed`` for a schedule in ``known`` (a live replica runs it), else
         ``unknown_schedule`` (removed or renamed: nobody could publish it). Returns them."""
         with self.database.connect() as conn, conn.begin():
@@ -498,6 +519,7 @@ class BeatStore:
             if self.database.dialect == "postgresql":
                 doomed = doomed.with_for_update(skip_locked=True)
             reason = sa.case(
+                (runs.c.error.is_not(None), Reason.BROKER_REFUSED.value),
                 (runs.c.schedule.in_(self._names()), Reason.PUBLISH_FAILED.value),
                 else_=Reason.UNKNOWN_SCHEDULE.value,
             )

@@ -209,7 +209,10 @@ def _configure_sqlite(engine: Engine, clock: Callable[[], datetime]) -> None:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.01)
-        cursor.execute("PRAGMA synchronous=NORMAL")
+        # FULL: a commit is on disk before beat sends the messages it claimed. NORMAL would
+        # let a power loss roll back claims whose messages went out, and catch-up at reboot
+        # would send them again. (The workers' ledger writes relax it: RunWriter.)
+        cursor.execute("PRAGMA synchronous=FULL")
         cursor.close()
 
     @event.listens_for(engine, "begin")

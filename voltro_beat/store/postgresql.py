@@ -103,10 +103,11 @@ SET published_at = clock_timestamp(), lease_until = NULL
 WHERE r.id = ANY(CAST(:keys AS text[]))
 RETURNING r.id, r.replica"""
 
-#: The marked runs in ``keys`` (a text array) still ``claimed`` become ``published``. The
-#: worker may already have moved a row on (started, even succeeded): its status stays.
+#: The marked runs in ``keys`` (a text array) still ``claimed`` become ``published`` (a
+#: refusal noted at an earlier try is cleared). The worker may already have moved a row on
+#: (started, even succeeded): its status stays.
 SETTLE = f"""
 UPDATE {RUNS} AS r
-SET status = {_PUBLISHED}
+SET status = {_PUBLISHED}, error = NULL
 WHERE r.id = ANY(CAST(:keys AS text[])) AND r.status = {_CLAIMED}
   AND r.published_at IS NOT NULL"""

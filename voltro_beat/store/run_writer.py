@@ -197,6 +197,12 @@ class RunWriter:
                 # statement timeout bounds how long a task can wait on a ledger write (a row
                 # locked by a stuck transaction).
                 driver.execute("SET synchronous_commit = off; SET statement_timeout = 5000")
+            else:
+                # As synchronous_commit=off above: a power loss may lose the last status
+                # updates, never a claim (beat's commits stay FULL).
+                sqlite = conn.connection.dbapi_connection
+                assert sqlite is not None, "a new connection has a driver connection"
+                sqlite.execute("PRAGMA synchronous=NORMAL")
         except Exception as exc:
             if conn is not None:
                 self._local.conn = conn
