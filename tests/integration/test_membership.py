@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -179,3 +180,39 @@ def test_voltro_beat_replicas_lists_the_registry(replicas: Any, store_url: str) 
     result = CliRunner().invoke(main, ["replicas", "--store", store_url])
     assert result.exit_code == 0, result.output
     assert "one" in result.output and "yes" in result.output and "local" in result.output
+
+
+def test_a_skewed_reading_never_publishes_before_the_instant_on_the_database_clock(
+    pg_replicas: Any, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 18, finding 7: a reading whose request was slow and whose answer was fast puts
+    a replica's "now" ahead of the database by up to half the round trip. Before, the write
+    waited for that "now" only, and went out up to that much before the instant on the
+    database's own clock; now it waits for the earliest the database's clock can read by the
+    fence's own reading of it. Here the replica's clock is 300 ms ahead (and stays so)."""
+    s = pg_replicas("skewed", beat_schedule={"s": every_second()})
+    s._tick()  # boots: reads the database's clock
+    value, _, received = s._store.database.read_clock()
+    s._clock._base = (value + timedelta(milliseconds=300), received)
+    s._clock.error = timedelta(0)
+    monkeypatch.setattr(s._clock, "observe", lambda *args: True)  # no reading corrects it
+    database = Database.open(pg_url)
+    early: list[tuple[str, float]] = []
+    publish = s._dispatch.publisher.publish
+
+    def spied(messages: Any) -> Any:
+        clock = database.time()
+        for _, key, _ in messages:
+            instant = datetime.fromisoformat(key.partition("@")[2]).replace(tzinfo=UTC)
+            if clock < instant:
+                early.append((key, (instant - clock).total_seconds()))
+        return publish(messages)
+
+    monkeypatch.setattr(s._dispatch.publisher, "publish", spied)
+    sent_before = len(drain(s.app))
+    deadline = datetime.now(UTC) + timedelta(seconds=3.2)
+    while datetime.now(UTC) < deadline:
+        time.sleep(min(max(s._tick(), 0.0), 0.05))
+    assert len(drain(s.app)) + sent_before >= 2  # the schedule did fire meanwhile
+    assert early == []
+    database.dispose()
