@@ -383,7 +383,11 @@ class VoltroScheduler(beat.Scheduler):
 
         A schedule whose changed definition fires on a more recently started replica is not
         claimed here while that replica lives; its entries come up a lease after their
-        instant, so that they are claimed late (or found claimed) if it died meanwhile.
+        instant, so that they are claimed late if it died meanwhile (the registry no longer
+        counts it), and recorded ``missed`` (reason ``yielded``) through the gate if the
+        registry still counts it live: it would have claimed them long before, so it died or
+        hangs, and this replica's older definition is not the one to send. If it did claim
+        them, the gate finds their rows and records nothing.
         """
         due: list[_Due] = []
         while self._queue and self._queue[0][0] <= now:
@@ -395,8 +399,11 @@ class VoltroScheduler(beat.Scheduler):
             self._record(
                 [
                     self._occurrence(d.entry, at, now)
-                    for d in due
                     if d.entry.name not in yielded
+                    else Occurrence.of(
+                        d.entry.name, d.entry.task, at, Status.MISSED, Reason.YIELDED
+                    )
+                    for d in due
                     for at in d.pending
                 ],
                 now,

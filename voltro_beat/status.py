@@ -52,6 +52,10 @@ class Reason(StrEnum):
     #: Left claimed by a replica and past its ``max_lateness``, of a schedule no live replica
     #: runs any more (removed or renamed in a deploy).
     UNKNOWN_SCHEDULE = "unknown_schedule"
+    #: Of a schedule yielded to a newer replica (its changed definition) that did not claim
+    #: it within a lease of its instant: that replica died or hangs, while the registry
+    #: still counts it live.
+    YIELDED = "yielded"
     #: Left out by the entry's catch-up policy after downtime.
     CATCH_UP = "catch_up"
     #: Skipped because its predecessor was still running.

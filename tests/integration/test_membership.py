@@ -216,3 +216,29 @@ def test_a_skewed_reading_never_publishes_before_the_instant_on_the_database_clo
     assert len(drain(s.app)) + sent_before >= 2  # the schedule did fire meanwhile
     assert early == []
     database.dispose()
+
+
+def test_occurrences_yielded_to_a_newest_replica_that_died_are_never_left_without_a_row(
+    replicas: Any, store_url: str
+) -> None:
+    """Issue 18, finding 6: the newest replica of a changed schedule is killed (no close:
+    the registry counts it live until its entry expires). Before, the older replica dropped
+    the occurrences it had yielded meanwhile, with no row at all; now each is recorded missed
+    (reason yielded) through the gate, and once the registry lets the newest go the older
+    replica fires the schedule again."""
+    old = replicas("old", schedule={"s": every_second(args=[1])})
+    new = replicas("new", schedule={"s": every_second(args=[2])})
+    tick(old, sec(0))
+    tick(new, sec(0.1))
+    for n in range(1, 4):
+        tick(old, sec(n + 0.2))
+        tick(new, sec(n + 0.3))
+    # new is killed here: it never ticks again, and never leaves the registry.
+    for n in range(4, 60):
+        tick(old, sec(n + 0.2))
+    runs = rows(store_url)
+    keys = [f"s@{sec(n):%Y-%m-%dT%H:%M:%S}" for n in range(1, 45)]
+    assert [k for k in keys if k not in runs] == []
+    outcomes = {(runs[k].replica, runs[k].status, runs[k].reason) for k in keys}
+    assert ("old", "missed", "yielded") in outcomes
+    assert runs[keys[-1]].replica == "old" and runs[keys[-1]].status == "published"
