@@ -448,9 +448,10 @@ def test_a_publish_slower_than_the_lease_leaves_the_rest_to_recovery(
     r1 = three_fenced_ahead(replicas, monkeypatch)
     publish = r1._publisher.publish
 
-    def slow(messages: Any) -> None:
-        publish(messages)
+    def slow(messages: Any) -> dict[int, str]:
+        refused = publish(messages)
         r1._store.database.clock = lambda: sec(14)
+        return refused
 
     monkeypatch.setattr(r1._publisher, "publish", slow)
     with caplog.at_level(logging.WARNING, logger="voltro_beat"):
@@ -471,14 +472,14 @@ def test_each_chunk_is_marked_once_the_broker_took_it(
     publish = r1._publisher.publish
     seen: list[int] = []
 
-    def watching(messages: Any) -> None:
+    def watching(messages: Any) -> dict[int, str]:
         now = rows(store_url)
         marked = [k for k, r in now.items() if k.endswith("10:00:01") and r.published_at]
         # A mark stamps the publish time and ends the lease (no recovery takes the run over);
         # the status follows once the instant's writes are done.
         assert all(now[k].lease_until is None and now[k].status == "claimed" for k in marked)
         seen.append(len(marked))
-        publish(messages)
+        return publish(messages)
 
     monkeypatch.setattr(r1._publisher, "publish", watching)
     tick(r1, sec(1))
@@ -501,9 +502,10 @@ def test_close_in_the_middle_of_a_write_marks_it_and_writes_nothing_more(
     r1 = three_fenced_ahead(replicas, monkeypatch)
     publish = r1._publisher.publish
 
-    def stopped_while_writing(messages: Any) -> None:
-        publish(messages)
+    def stopped_while_writing(messages: Any) -> dict[int, str]:
+        refused = publish(messages)
         r1.close()
+        return refused
 
     monkeypatch.setattr(r1._publisher, "publish", stopped_while_writing)
     tick(r1, sec(1))

@@ -119,11 +119,11 @@ class RunWriter:
 
     def _lease_params(self, lease: timedelta | None) -> dict[str, Any]:
         """The parameters of the worker lease (``l_clock``, ``l_lease_until``: SQLite's, where
-        the database's clock is this host's; ``l_lease``: PostgreSQL's, in seconds)."""
+        the database's clock is this host's; ``l_lease``: PostgreSQL's, an interval)."""
         clock = self.database.clock()
         return {
             "l_clock": clock,
-            "l_lease": None if lease is None else lease.total_seconds(),
+            "l_lease": lease,
             "l_lease_until": None if lease is None else clock + lease,
         }
 
@@ -263,8 +263,7 @@ class RunWriter:
     def _lease_until(self) -> sa.ColumnElement[Any]:
         """The end of a worker lease taken now."""
         if self.database.dialect == "postgresql":
-            second = sa.literal_column("interval '1 second'", type_=sa.Interval)
-            return self._clock() + second * sa.bindparam("l_lease", type_=sa.Float)
+            return self._clock() + sa.bindparam("l_lease", type_=sa.Interval)
         return sa.bindparam("l_lease_until", type_=runs.c.worker_lease_until.type)
 
     def _held(self) -> sa.ColumnElement[bool]:
