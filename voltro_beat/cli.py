@@ -420,7 +420,8 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 @_store_option
 def status(store_url: str) -> None:
     """One line per schedule: next occurrence, last run and its status, success rate over the
-    retained rows, median publish lag; then the replicas seen recently.
+    retained runs that executed (succeeded or failed), median publish lag, and the runs by
+    outcome (missed by reason, skipped by the overlap policy); then the replicas seen recently.
 
     With -A proj the schedules are the app's beat_schedule (and their next occurrences);
     without it, every schedule that has a run row.
@@ -433,22 +434,25 @@ def status(store_url: str) -> None:
         summaries = reads.summaries(database, names, now=now)
         replicas = Registry(database).everyone()
     table = Table(title=f"schedules ({len(names)}) at {_stamp(now)} UTC")
-    for column in ("schedule", "next", "last run", "status", "success", "median lag s", "rows"):
+    for column in ("schedule", "next", "last run", "status", "success", "runs", "median lag s"):
         table.add_column(column, no_wrap=True)
+    table.add_column("outcomes")
     for name in names:
         entry, summary = entries.get(name), summaries[name]
         upcoming = None if entry is None else next_after(entry.spec, now)
-        rate, lag = summary.success_rate, summary.median_lag
+        rate, lag = summary.tally.success_rate, summary.median_lag
         table.add_row(
             name,
             _stamp(upcoming) if entry is not None else "",
             _stamp(summary.last_at),
             summary.last_status or "",
             "" if rate is None else f"{rate:.1%}",
+            str(summary.tally.total),
             "" if lag is None else f"{lag:.3f}",
-            str(sum(summary.counts.values())),
+            summary.tally.outcomes_text,
         )
-    console = Console(width=max(Console().width, 140))
+    # Wide enough for the outcomes of a busy schedule on one line.
+    console = Console(width=max(Console().width, 200))
     console.print(table)
     live = [r for r in replicas if lives(r, now)]
     console.print(f"replicas: {len(live)} live of {len(replicas)} registered")

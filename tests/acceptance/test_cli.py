@@ -90,10 +90,11 @@ def test_status_shows_each_schedule_and_the_replicas(scenario: Scenario) -> None
     # The sub-second schedules have run: a last run, a success rate and a lag.
     for sched in (EVERY_SECOND, EVERY_2S):
         cells = [c.strip() for c in lines[sched.name].split("│")[1:-1]]
-        _, upcoming, last, status, success, lag, rows = cells
+        _, upcoming, last, status, success, rows, lag, outcomes = cells
         assert datetime.fromisoformat(upcoming) > datetime.fromisoformat(last), cells
         assert status in {"claimed", "published", "started", "succeeded"}, cells
         assert success.endswith("%") and float(lag) >= 0 and int(rows) > 0, cells
+        assert "succeeded" in outcomes, cells
     assert "replicas: 3 live of 3 registered" in out, out
     for name in REPLICAS:
         assert f"  {name} (" in out

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from voltro_beat.contrib.overview import RECENT
-from voltro_beat.status import TERMINAL, Status
+from voltro_beat.status import Status
 
 #: The columns of both runs lists, as their headings read.
 COLUMNS = (
@@ -74,9 +74,10 @@ def expected_overview(rows: Sequence[dict[str, Any]], schedule: str) -> tuple[li
         key=lambda r: r["scheduled_at"],
         reverse=True,
     )[:RECENT]
-    finished = [r for r in newest if r["status"] in TERMINAL]
-    succeeded = sum(r["status"] == Status.SUCCEEDED for r in finished)
-    rate = f"{succeeded / len(finished):.0%}" if finished else "-"
+    # Over the runs that executed: a missed or skipped run is not a failure.
+    executed = [r for r in newest if r["status"] in (Status.SUCCEEDED, Status.FAILED)]
+    succeeded = sum(r["status"] == Status.SUCCEEDED for r in executed)
+    rate = f"{succeeded / len(executed):.0%}" if executed else "-"
     return [f"{r['id']}: {r['status']}" for r in reversed(newest)], rate
 
 

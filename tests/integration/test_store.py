@@ -507,8 +507,9 @@ def test_operator_reads(stores: Callable[[str], BeatStore]) -> None:
 
     (summary,) = reads.summaries(db, ["s"], now=T0 + timedelta(seconds=5)).values()
     assert summary.last_at == T0 + timedelta(seconds=5) and summary.last_status == "claimed"
-    assert summary.counts == {"succeeded": 1, "published": 2, "claimed": 3, "missed": 1}
-    assert summary.success_rate == 0.5  # succeeded over finished (succeeded + missed)
+    assert summary.tally.statuses == {"succeeded": 1, "published": 2, "claimed": 3, "missed": 1}
+    assert summary.tally.missed == {"late": 1}
+    assert summary.tally.success_rate == 1.0  # succeeded over executed: the missed one never ran
     assert len(summary.lags) == 3 and summary.median_lag is not None
 
     window = reads.recorded_keys(
@@ -529,7 +530,7 @@ def test_operator_reads(stores: Callable[[str], BeatStore]) -> None:
     b.mark_published([backfilled.key])
     b.settle([backfilled.key])
     (bf,) = reads.summaries(db, ["bf"], now=T0).values()
-    assert bf.counts == {"published": 1} and bf.lags == []
+    assert bf.tally.statuses == {"published": 1} and bf.lags == []
 
     assert reads.missing_tables(db) == []
     check = reads.check_schema(db)

@@ -55,6 +55,7 @@ def recent(*statuses: str) -> list[overview.Recent]:
         overview.Recent(
             f"s@{n}",
             status,
+            "catch_up" if status == "missed" else None,
             T0 - timedelta(seconds=n),
             None if status == "missed" else T0 - timedelta(seconds=n) + timedelta(milliseconds=n),
         )
@@ -66,15 +67,16 @@ def test_a_line_of_the_overview() -> None:
     line = overview.line("s", recent("started", "succeeded", "failed", "missed", "succeeded"))
     assert [sq.key for sq in line.squares] == ["s@4", "s@3", "s@2", "s@1", "s@0"]  # oldest first
     assert line.squares[-1].colour == display.COLOURS[Status.STARTED]
-    # Finished: succeeded, failed, missed, succeeded; the running one does not count yet.
-    assert line.success_rate == 0.5 and line.success_text == "50%"
+    # Executed: succeeded, failed, succeeded; neither the missed nor the running one counts.
+    assert line.tally.success_rate == 2 / 3 and line.tally.success_text == "67%"
+    assert line.tally.outcomes_text == "2 succeeded, 1 failed, 1 missed (catch_up), 1 unfinished"
     assert line.last_run is not None and line.last_run.key == "s@0"
     assert line.median_lag == pytest.approx(0.0015) and line.median_lag_text == "2 ms"
 
 
 def test_an_empty_line() -> None:
     line = overview.line("s", [])
-    assert (line.success_text, line.median_lag_text, line.last_run) == ("-", "-", None)
+    assert (line.tally.success_text, line.median_lag_text, line.last_run) == ("-", "-", None)
 
 
 def test_upcoming_reads_the_apps_schedule_as_beat_does(

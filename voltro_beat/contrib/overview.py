@@ -19,7 +19,7 @@ from voltro_beat.contrib.display import colour, lag, seconds_text
 from voltro_beat.exceptions import VoltroBeatError
 from voltro_beat.occurrences import next_after
 from voltro_beat.schedules import parse_entries
-from voltro_beat.status import TERMINAL, Status
+from voltro_beat.tally import Tally, tally
 
 #: How many of each schedule's newest runs a line shows.
 RECENT = 50
@@ -34,6 +34,7 @@ class Recent(NamedTuple):
 
     key: str
     status: str
+    reason: str | None
     scheduled_at: datetime
     published_at: datetime | None
 
@@ -52,17 +53,13 @@ class Line:
     schedule: str
     #: Its newest runs, oldest first (read left to right).
     squares: tuple[Square, ...]
-    #: Succeeded among the finished ones of those runs (None: none finished).
-    success_rate: float | None
+    #: Those runs by outcome; its success rate is over the ones that executed.
+    tally: Tally
     last_run: Recent | None
     #: Median publish lag of those runs, in seconds (None: none published).
     median_lag: float | None
     #: Its next occurrences (UTC), when the overview knows the app.
     upcoming: tuple[datetime, ...]
-
-    @property
-    def success_text(self) -> str:
-        return "-" if self.success_rate is None else f"{self.success_rate:.0%}"
 
     @property
     def median_lag_text(self) -> str:
@@ -71,16 +68,11 @@ class Line:
 
 def line(schedule: str, recent: Sequence[Recent], upcoming: Sequence[datetime] = ()) -> Line:
     """The line of ``schedule`` from its newest runs (``recent``, newest first)."""
-    finished = [r for r in recent if r.status in TERMINAL]
     lags = [x for r in recent if (x := lag(r.scheduled_at, r.published_at)) is not None]
     return Line(
         schedule=schedule,
         squares=tuple(Square(r.key, r.status, colour(r.status)) for r in reversed(recent)),
-        success_rate=(
-            sum(r.status == Status.SUCCEEDED for r in finished) / len(finished)
-            if finished
-            else None
-        ),
+        tally=tally((r.status, r.reason, 1) for r in recent),
         last_run=recent[0] if recent else None,
         median_lag=statistics.median(lags) if lags else None,
         upcoming=tuple(upcoming),

@@ -12,10 +12,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from voltro_beat.exceptions import StoreError
-from voltro_beat.status import TERMINAL, Reason, Status
+from voltro_beat.status import Reason, Status, sql_in
 from voltro_beat.store.database import SQLITE_CHUNK, Database, chunks
 from voltro_beat.store.migrations import runner as migrations
 from voltro_beat.store.tables import CLAIMS, REPLICAS, RUNS, claims, runs
+from voltro_beat.tally import Tally, tally
 
 #: The tables every command reads; a store without them needs ``voltro-beat db upgrade``.
 TABLES = (CLAIMS, RUNS, REPLICAS)
@@ -113,31 +114,34 @@ class Summary:
 
     last_at: datetime | None = None
     last_status: str | None = None
-    #: Rows by status, over every retained row.
-    counts: dict[str, int] = field(default_factory=dict)
+    #: Its retained rows by outcome (:mod:`voltro_beat.tally`).
+    tally: Tally = field(default_factory=Tally)
     #: Publish lags (published_at - scheduled_at, seconds) of the newest runs beat published.
     lags: list[float] = field(default_factory=list)
-
-    @property
-    def success_rate(self) -> float | None:
-        """Succeeded over finished (terminal) rows; None before any finished."""
-        finished = sum(n for s, n in self.counts.items() if s in TERMINAL)
-        return None if not finished else self.counts.get(Status.SUCCEEDED, 0) / finished
 
     @property
     def median_lag(self) -> float | None:
         return statistics.median(self.lags) if self.lags else None
 
 
+#: The reason column where it tells outcomes apart (missed, skipped); elsewhere it is a worker's
+#: free text (a retry's), which would split the counts by status into a group per message.
+#: Literal statuses (no bound parameters), so that GROUP BY repeats the SELECT's expression.
+_OUTCOME_REASON = sa.case(
+    (sa.text(sql_in({Status.MISSED, Status.SKIPPED}, f"{RUNS}.status")), runs.c.reason),
+    else_=None,
+)
+
+
 def summaries(database: Database, names: Sequence[str], *, now: datetime) -> dict[str, Summary]:
     """Each schedule's :class:`Summary`: its newest run at or before ``now``, its rows by
-    status, and the lags of its :data:`LAG_SAMPLE` newest runs beat published (not an
+    outcome, and the lags of its :data:`LAG_SAMPLE` newest runs beat published (not an
     operator's backfill or run)."""
     found = {name: Summary() for name in names}
-    by_status = (
-        sa.select(runs.c.schedule, runs.c.status, sa.func.count())
+    by_outcome = (
+        sa.select(runs.c.schedule, runs.c.status, _OUTCOME_REASON, sa.func.count())
         .where(runs.c.schedule.in_(sa.bindparam("names", expanding=True)))
-        .group_by(runs.c.schedule, runs.c.status)
+        .group_by(runs.c.schedule, runs.c.status, _OUTCOME_REASON)
     )
     last = (
         sa.select(runs.c.scheduled_at, runs.c.status)
@@ -157,9 +161,12 @@ def summaries(database: Database, names: Sequence[str], *, now: datetime) -> dic
         .limit(LAG_SAMPLE)
     )
     with database.connect() as conn:
+        counted: dict[str, list[tuple[str, str | None, int]]] = {name: [] for name in names}
         for chunk in chunks(list(names), SQLITE_CHUNK):
-            for name, status, count in conn.execute(by_status, {"names": list(chunk)}):
-                found[name].counts[status] = count
+            for name, status, reason, count in conn.execute(by_outcome, {"names": list(chunk)}):
+                counted[name].append((status, reason, count))
+        for name, rows in counted.items():
+            found[name].tally = tally(rows)
         for name, summary in found.items():
             row = conn.execute(last, {"name": name}).first()
             if row is not None:

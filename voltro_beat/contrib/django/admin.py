@@ -317,6 +317,6 @@ class ScheduleAdmin(ReadOnlyAdmin):
 
 def _recent(schedule: str) -> list[overview.Recent]:
     rows = Run.objects.filter(schedule=schedule).values_list(
-        "id", "status", "scheduled_at", "published_at"
+        "id", "status", "reason", "scheduled_at", "published_at"
     )[: overview.RECENT]
     return [overview.Recent(*row) for row in rows]

@@ -281,7 +281,9 @@ def _lines(
 def _recent(session: Any, schedule: str) -> list[overview.Recent]:
     table = Run.__table__
     rows = session.execute(
-        sa.select(table.c.id, table.c.status, table.c.scheduled_at, table.c.published_at)
+        sa.select(
+            table.c.id, table.c.status, table.c.reason, table.c.scheduled_at, table.c.published_at
+        )
         .where(table.c.schedule == schedule)
         .order_by(table.c.scheduled_at.desc(), table.c.id.desc())
         .limit(overview.RECENT)
