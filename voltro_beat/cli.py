@@ -18,6 +18,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from voltro_beat.config import DEFAULT_STORE_URL, Settings
+from voltro_beat.contrib.display import STUCK_AFTER
 from voltro_beat.cron import MICROSECOND
 from voltro_beat.dispatch import CHUNK
 from voltro_beat.exceptions import ConfigurationError, PublishError, StoreError
@@ -294,7 +295,22 @@ def replicas(store_url: str, max_offset: float) -> None:
     default=None,
     help='The Celery app ("proj.celery:app") whose beat_schedule the schedules page reads.',
 )
-def admin(store_url: str, host: str, port: int, no_auth: bool, celery_app: str | None) -> None:
+@click.option(
+    "--stuck-after",
+    envvar="VOLTRO_BEAT_ADMIN_STUCK_AFTER",
+    default=STUCK_AFTER.total_seconds(),
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Mark a run stuck when it is on a worker this many seconds and not finished.",
+)
+def admin(
+    store_url: str,
+    host: str,
+    port: int,
+    no_auth: bool,
+    celery_app: str | None,
+    stuck_after: float,
+) -> None:
     """Serve read-only admin pages of the run and claims tables (sqladmin).
 
     The login is VOLTRO_BEAT_ADMIN_USER / VOLTRO_BEAT_ADMIN_PASSWORD from the environment;
@@ -310,7 +326,10 @@ def admin(store_url: str, host: str, port: int, no_auth: bool, celery_app: str |
         ) from None
     with _errors():
         app = server.create_app(
-            store_url, server.login_from_environment(host, no_auth=no_auth), celery_app=celery_app
+            store_url,
+            server.login_from_environment(host, no_auth=no_auth),
+            celery_app=celery_app,
+            stuck_after=timedelta(seconds=stuck_after),
         )
     click.echo(f"voltro_beat admin of {hide_password(store_url)} on http://{host}:{port}/admin/")
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -38,6 +38,9 @@ from voltro_beat.status import BEFORE_START, IN_FLIGHT, ON_WORKER, TERMINAL, Sta
 
 #: Longest ``error`` / ``reason`` text written to a run row (exception messages can be huge).
 MAX_TEXT = 1000
+#: How much of a failed task's traceback its run row keeps after the error line: the end,
+#: where it raised (a deep recursion's traceback runs to megabytes).
+MAX_TRACEBACK = 16_000
 
 
 class Event(StrEnum):
@@ -225,6 +228,17 @@ def bounded(text: str, limit: int = MAX_TEXT) -> str:
     if len(text) <= limit:
         return text
     return text[: limit - 1] + "\u2026"
+
+
+def with_traceback(error: str, traceback: str | None) -> str:
+    """``error`` (the ``Type: message`` line), then a blank line and the last
+    :data:`MAX_TRACEBACK` characters of ``traceback`` (marked with an ellipsis when cut)."""
+    if not traceback or not traceback.strip():
+        return error
+    text = traceback.rstrip()
+    if len(text) > MAX_TRACEBACK:
+        text = "\u2026" + text[-(MAX_TRACEBACK - 1) :]
+    return f"{error}\n\n{text}"
 
 
 def describe_error(exc: BaseException, limit: int = MAX_TEXT) -> str:

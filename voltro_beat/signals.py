@@ -415,7 +415,9 @@ def _on_postrun(
 
 
 @_quietly
-def _on_failure(sender: Any = None, task_id: Any = None, exception: Any = None, **_: Any) -> None:
+def _on_failure(
+    sender: Any = None, task_id: Any = None, exception: Any = None, einfo: Any = None, **_: Any
+) -> None:
     if isinstance(exception, WorkerLostError):
         event = Event.WORKER_LOST
     elif isinstance(exception, TimeLimitExceeded):
@@ -424,7 +426,12 @@ def _on_failure(sender: Any = None, task_id: Any = None, exception: Any = None, 
         event = Event.REJECTED
     else:
         event = Event.FAILED
-    _finish_by_request(sender, task_id, event, error=_describe(exception))
+    error = _describe(exception)
+    if event is Event.FAILED and error is not None:
+        # The task's own traceback (Celery formats it in einfo): the error line says what,
+        # the traceback where. Not for a lost worker or a time limit: theirs is Celery's.
+        error = ledger.with_traceback(error, getattr(einfo, "traceback", None))
+    _finish_by_request(sender, task_id, event, error=error)
 
 
 def _finish_by_request(task: Any, task_id: Any, event: Event, **fields: Any) -> None:

@@ -244,7 +244,15 @@ def test_exception(ledger: Ledger, lane: Lane) -> None:
     p = ledger.publish("exception", "ledger.boom", queue=lane.queue)
     row = ledger.wait_status(p, "failed")
     assert_ran(row, lane)
-    assert row["error"] == f"ValueError: boom {p.token}"
+    # The error line, then the task's traceback down to where it raised.
+    line, blank, *trace = row["error"].splitlines()
+    assert (line, blank, trace[0]) == (
+        f"ValueError: boom {p.token}",
+        "",
+        "Traceback (most recent call last):",
+    )
+    assert 'ledger_app.py", line' in row["error"] and "in boom" in row["error"]
+    assert trace[-1] == line
     assert ledger.runs(p) == 1
 
 

@@ -120,3 +120,21 @@ def test_overview_pages() -> None:
     assert overview.page(names, "3").names == names[-1:]
     assert overview.page(names, "99").number == 3 and overview.page(names, "x").number == 1
     assert overview.page([], "2") == overview.Page([], 1, 1, 0)
+
+
+def test_a_run_claimed_past_its_lease_is_late_one_running_too_long_stuck() -> None:
+    def marker(status: str, **at: datetime | None) -> str | None:
+        fields = {"published_at": None, "lease_until": None, "started_at": None, **at}
+        return display.delay(status, now=T0, stuck_after=timedelta(hours=1), **fields)
+
+    second = timedelta(seconds=1)
+    assert marker("claimed", lease_until=T0 - second) == display.LATE
+    assert marker("claimed", lease_until=T0 + second) is None
+    # Published already (the status follows when the instant's writes are done): not late.
+    assert marker("claimed", lease_until=T0 - second, published_at=T0 - 2 * second) is None
+    for status in ("started", "retrying"):
+        assert marker(status, started_at=T0 - timedelta(hours=1, seconds=1)) == display.STUCK
+        assert marker(status, started_at=T0 - timedelta(minutes=59)) is None
+    long_ago = T0 - timedelta(days=3)
+    for status in ("published", "succeeded", "failed", "missed", "queued"):
+        assert marker(status, lease_until=long_ago, started_at=long_ago) is None, status

@@ -276,3 +276,15 @@ def test_describe_error_does_not_repeat_a_self_naming_message() -> None:
             return "SelfNaming(1,)"
 
     assert ledger.describe_error(SelfNaming()) == "SelfNaming(1,)"
+
+
+def test_an_error_keeps_the_end_of_its_traceback() -> None:
+    assert ledger.with_traceback("ValueError: x", None) == "ValueError: x"
+    assert ledger.with_traceback("ValueError: x", "  \n") == "ValueError: x"
+    short = "Traceback (most recent call last):\n  ...\nValueError: x\n"
+    assert ledger.with_traceback("ValueError: x", short) == f"ValueError: x\n\n{short.rstrip()}"
+    deep = "Traceback (most recent call last):\n" + "  frame\n" * 10_000 + "ValueError: x"
+    kept = ledger.with_traceback("ValueError: x", deep)
+    head, tail = kept.split("\n\n", 1)
+    assert head == "ValueError: x" and len(tail) == ledger.MAX_TRACEBACK
+    assert tail.startswith("\u2026") and tail.endswith("  frame\nValueError: x")

@@ -1,14 +1,14 @@
-"""How both admins show a run (status colours, lags and durations, the capped row count) and a
-replica (live or gone, its clock offset)."""
+"""How both admins show a run (status colours, lags and durations, the capped row count, late
+or stuck) and a replica (live or gone, its clock offset)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from voltro_beat.coordination import Outcome
-from voltro_beat.status import UNFINISHED, Status
+from voltro_beat.status import ON_WORKER, UNFINISHED, Status
 
 #: A list page counts at most this many rows: counting a table of millions on every page load
 #: would read all of it. Past the cap the page says "10,000+" and offers the pages up to it.
@@ -39,6 +39,33 @@ LEGEND = (
     ("skipped", _GREY),
     ("running", _BLUE),
 )
+
+
+#: A run started this long ago and not finished is marked stuck, unless told otherwise
+#: (``VOLTRO_BEAT_ADMIN_STUCK_AFTER``, seconds).
+STUCK_AFTER = timedelta(hours=1)
+#: The markers of a run that should have moved on, and their colour.
+LATE, STUCK = "late", "stuck"
+MARKER_COLOUR = _AMBER
+
+
+def delay(
+    status: str,
+    *,
+    published_at: datetime | None,
+    lease_until: datetime | None,
+    started_at: datetime | None,
+    now: datetime,
+    stuck_after: timedelta = STUCK_AFTER,
+) -> str | None:
+    """:data:`LATE` for a run claimed and not published past its lease, :data:`STUCK` for
+    one on a worker (started or retrying) and not finished ``stuck_after`` since it started;
+    None for any other. ``now`` is the database's clock, which the lease is on."""
+    if status == Status.CLAIMED and published_at is None and lease_until is not None:
+        return LATE if lease_until < now else None
+    if status in ON_WORKER and started_at is not None:
+        return STUCK if started_at < now - stuck_after else None
+    return None
 
 
 def colour(status: str) -> str:

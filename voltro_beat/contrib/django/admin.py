@@ -3,14 +3,17 @@
 Nobody may add, change or delete a row, superusers included (the tables are beat's and the
 workers'); staff users see the pages with the ``voltro_beat.view_run`` / ``view_claim`` /
 ``view_replica`` permission. Every list of runs or claims is served by an index on a table of
-millions of rows: newest first, the status, outcome, schedule and date filters, exact search by
-key or task id, a row count capped at ``COUNT_CAP`` and a date hierarchy that probes instead of
-scanning.
+millions of rows: newest first, the status, outcome, schedule, late-or-stuck and date filters,
+exact search by key or task id, a row count capped at ``COUNT_CAP`` and a date hierarchy that
+probes instead of scanning.
+
+A run on a worker is marked stuck after ``settings.VOLTRO_BEAT_ADMIN_STUCK_AFTER`` seconds
+(default :data:`~voltro_beat.contrib.display.STUCK_AFTER`).
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.apps import apps
@@ -20,6 +23,7 @@ from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections, router
+from django.db.models import DateTimeField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -32,9 +36,14 @@ from django.utils.safestring import SafeString
 from voltro_beat.contrib import overview
 from voltro_beat.contrib.display import (
     COUNT_CAP,
+    LATE,
     LEGEND,
+    MARKER_COLOUR,
+    STUCK,
+    STUCK_AFTER,
     capped,
     colour,
+    delay,
     instant_text,
     json_text,
     lag,
@@ -45,6 +54,7 @@ from voltro_beat.contrib.display import (
 from voltro_beat.contrib.django.models import Claim, Replica, Run, Schedule
 from voltro_beat.replicas import Replica as Summary
 from voltro_beat.replicas import lives
+from voltro_beat.status import ON_WORKER, Status
 from voltro_beat.store.reads import SCHEDULE_NAMES_SQL
 
 
@@ -111,11 +121,54 @@ class ScheduleFilter(admin.SimpleListFilter):
         return queryset if value is None else queryset.filter(schedule=value)
 
 
+def stuck_after() -> timedelta:
+    """``settings.VOLTRO_BEAT_ADMIN_STUCK_AFTER`` (seconds, or a timedelta), else the default."""
+    value = getattr(settings, "VOLTRO_BEAT_ADMIN_STUCK_AFTER", None)
+    if value is None:
+        return STUCK_AFTER
+    return value if isinstance(value, timedelta) else timedelta(seconds=float(value))
+
+
+class DelayFilter(admin.SimpleListFilter):
+    """Runs that should have moved on (:func:`voltro_beat.contrib.display.delay`), on the
+    database's clock; both read the small set of live rows of a status."""
+
+    title = "late or stuck"
+    parameter_name = "delay"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            (LATE, "late: claimed, unpublished past its lease"),
+            (STUCK, f"stuck: running for over {stuck_after()}"),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        if self.value() == LATE:
+            return queryset.filter(
+                status=Status.CLAIMED.value, published_at__isnull=True, lease_until__lt=Now()
+            )
+        if self.value() == STUCK:
+            cutoff = ExpressionWrapper(Now() - stuck_after(), output_field=DateTimeField())
+            return queryset.filter(
+                Q(status__in=[s.value for s in ON_WORKER]), started_at__lt=cutoff
+            )
+        return queryset
+
+
 def _badge(text: str, background: str) -> SafeString:
     return format_html(
         '<span style="background:{};color:#fff;border-radius:4px;padding:1px 7px;'
         'white-space:nowrap">{}</span>',
         background,
+        text,
+    )
+
+
+def _marker(text: str) -> SafeString:
+    return format_html(
+        '<span class="vb-delay" style="border:1px solid {0};color:{0};border-radius:4px;'
+        'padding:0 5px;white-space:nowrap">{1}</span>',
+        MARKER_COLOUR,
         text,
     )
 
@@ -137,6 +190,7 @@ class RunAdmin(ReadOnlyAdmin):
     )
     list_filter = (
         "status",
+        DelayFilter,
         "coordination_outcome",
         ScheduleFilter,
         ("scheduled_at", admin.DateFieldListFilter),
@@ -161,9 +215,22 @@ class RunAdmin(ReadOnlyAdmin):
     started = _instant("started_at", "started at")
     finished = _instant("finished_at", "finished at")
 
+    def get_queryset(self, request: HttpRequest) -> Any:
+        # The database's clock, read with the rows: the lease is on it.
+        return super().get_queryset(request).annotate(database_now=Now())
+
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: Run) -> SafeString:
-        return _badge(run.status, colour(run.status))
+        badge = _badge(run.status, colour(run.status))
+        marker = delay(
+            run.status,
+            published_at=run.published_at,
+            lease_until=run.lease_until,
+            started_at=run.started_at,
+            now=run.database_now,
+            stuck_after=stuck_after(),
+        )
+        return badge if marker is None else format_html("{} {}", badge, _marker(marker))
 
     @admin.display(description="publish lag")
     def publish_lag(self, run: Run) -> str:

@@ -86,6 +86,7 @@ class Run(models.Model):
     duration = models.FloatField(null=True)
     retries = models.IntegerField()
     error = models.TextField(null=True)
+    lease_until = models.DateTimeField("lease until", null=True)
 
     objects = RunQuerySet.as_manager()
 

@@ -1,12 +1,14 @@
 """voltro_beat's tables in sqladmin, for a Starlette or FastAPI app.
 
-Add the views to your own :class:`sqladmin.Admin`::
+Add the views to an admin of your own::
 
-    from sqladmin import Admin
-    from voltro_beat.contrib.sqladmin import add_views
+    from voltro_beat.contrib.sqladmin import VoltroAdmin, add_views
 
-    admin = Admin(app, engine)   # an engine on the database of voltro_beat's tables
+    admin = VoltroAdmin(app, engine)   # an engine on the database of voltro_beat's tables
     add_views(admin)
+
+(:class:`VoltroAdmin` is sqladmin's ``Admin`` opening on the schedules overview; a plain
+``sqladmin.Admin`` works too.)
 
 or run ``voltro-beat admin --store URL`` (:mod:`voltro_beat.contrib.sqladmin.server`) for a
 server of its own. Every view is read-only: creating, editing and deleting are refused (403).
@@ -17,7 +19,8 @@ from voltro_beat.contrib.sqladmin.views import (
     ReplicaAdmin,
     RunAdmin,
     SchedulesView,
+    VoltroAdmin,
     add_views,
 )
 
-__all__ = ["ClaimAdmin", "ReplicaAdmin", "RunAdmin", "SchedulesView", "add_views"]
+__all__ = ["ClaimAdmin", "ReplicaAdmin", "RunAdmin", "SchedulesView", "VoltroAdmin", "add_views"]

@@ -17,13 +17,23 @@ class _Base(DeclarativeBase):
     pass
 
 
+def _database_now() -> Mapped[datetime]:
+    """The database's clock, read with each row (a lease or a heartbeat is judged on the clock
+    it was written on, not on the admin host's)."""
+    return column_property(sa.func.current_timestamp(type_=UTCDateTime()))
+
+
 class Run(_Base):
-    """A row of ``_voltro_schedule_runs``."""
+    """A row of ``_voltro_schedule_runs``, read with the database's clock."""
 
     __table__ = runs
+    database_now: Mapped[datetime] = _database_now()
     # Typing only: the columns come from the table.
+    status: Mapped[str]
     scheduled_at: Mapped[datetime]
     published_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    lease_until: Mapped[datetime | None]
 
     @property
     def publish_lag(self) -> float | None:
@@ -41,9 +51,7 @@ class Replica(_Base):
     """A row of ``_voltro_beat_replicas``, read with the database's clock."""
 
     __table__ = replicas
-    #: The database's clock, read with the row: liveness is judged on the clock the heartbeats
-    #: were written on, not on the admin host's.
-    database_now: Mapped[datetime] = column_property(sa.func.current_timestamp(type_=UTCDateTime()))
+    database_now: Mapped[datetime] = _database_now()
     # Typing only: the columns come from the table.
     name: Mapped[str]
     host: Mapped[str]

@@ -7,15 +7,16 @@ import hmac
 import ipaddress
 import os
 import secrets
+from datetime import timedelta
 
-from sqladmin import Admin
 from sqladmin.authentication import AuthenticationBackend
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import RedirectResponse
 from starlette.routing import Route
 
-from voltro_beat.contrib.sqladmin.views import add_views
+from voltro_beat.contrib.display import STUCK_AFTER
+from voltro_beat.contrib.sqladmin.views import VoltroAdmin, add_views
 from voltro_beat.exceptions import ConfigurationError
 from voltro_beat.store.database import Database
 
@@ -84,15 +85,19 @@ def login_from_environment(host: str, *, no_auth: bool) -> EnvironmentLogin | No
 
 
 def create_app(
-    store_url: str, login: EnvironmentLogin | None, *, celery_app: str | None = None
+    store_url: str,
+    login: EnvironmentLogin | None,
+    *,
+    celery_app: str | None = None,
+    stuck_after: timedelta = STUCK_AFTER,
 ) -> Starlette:
     """A Starlette app serving the admin at ``/admin`` over the store at ``store_url``."""
     app = Starlette(routes=[Route("/", RedirectResponse("/admin/"))])
-    admin = Admin(
+    admin = VoltroAdmin(
         app,
         engine=Database.open(store_url).engine,
         title="voltro_beat",
         authentication_backend=login,
     )
-    add_views(admin, celery_app=celery_app)
+    add_views(admin, celery_app=celery_app, stuck_after=stuck_after)
     return app

@@ -1,8 +1,10 @@
 """Read-only sqladmin views: runs, claims, replicas, and the schedules overview.
 
 The same columns, filters and rules as the Django admin (:mod:`voltro_beat.contrib.django`):
-newest first, filters by status, outcome, schedule and period, exact search by key or task
-id, a row count capped at ``COUNT_CAP``, no create, edit, delete or export for anyone.
+newest first, filters by status, late or stuck, outcome, schedule and period, exact search by
+key or task id, a row count capped at ``COUNT_CAP``, no create, edit, delete or export for
+anyone, and lists without row checkboxes or an Actions menu. :class:`VoltroAdmin` opens on the
+schedules overview instead of sqladmin's empty index page.
 """
 
 from __future__ import annotations
@@ -17,18 +19,24 @@ import sqlalchemy as sa
 from jinja2 import ChoiceLoader, PackageLoader
 from markupsafe import Markup
 from sqladmin import Admin, BaseView, ModelView, expose
+from sqladmin.authentication import login_required
 from sqladmin.filters import AllUniqueStringValuesFilter, StaticValuesFilter
 from sqladmin.formatters import BASE_FORMATTERS
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 
 from voltro_beat.contrib import overview
 from voltro_beat.contrib.display import (
     COUNT_CAP,
+    LATE,
     LEGEND,
+    MARKER_COLOUR,
     OUTCOMES,
+    STUCK,
+    STUCK_AFTER,
     capped,
     colour,
+    delay,
     instant_text,
     json_text,
     liveness,
@@ -36,8 +44,9 @@ from voltro_beat.contrib.display import (
     seconds_text,
 )
 from voltro_beat.contrib.sqladmin.models import Claim, Replica, Run
-from voltro_beat.status import Status
+from voltro_beat.status import ON_WORKER, Status
 from voltro_beat.store.reads import SCHEDULE_NAMES_SQL
+from voltro_beat.store.tables import UTCDateTime
 
 #: sqladmin's "no filter" value.
 ALL = "__all"
@@ -50,7 +59,20 @@ def _badge(text: str, background: str) -> Markup:
 
 
 def _status(run: Any, _attribute: Any) -> Markup:
-    return _badge(run.status, colour(run.status))
+    """The status badge, and a late or stuck marker (:func:`~voltro_beat.contrib.display.delay`)."""
+    badge = _badge(run.status, colour(run.status))
+    marker = delay(
+        run.status,
+        published_at=run.published_at,
+        lease_until=run.lease_until,
+        started_at=run.started_at,
+        now=run.database_now,
+        stuck_after=RunAdmin.stuck_after,
+    )
+    if marker is None:
+        return badge
+    tag = '<span class="vb-delay badge" style="border:1px solid {0};color:{0}">{1}</span>'
+    return badge + Markup(" ") + Markup(tag).format(MARKER_COLOUR, marker)
 
 
 def _seconds(run: Any, attribute: Any) -> str:
@@ -91,9 +113,37 @@ class _PeriodFilter(StaticValuesFilter):
         return query.where(model.scheduled_at >= datetime.now(UTC) - self.periods[value])
 
 
-class _ReadOnly(ModelView):
-    """No create, edit, delete or export; newest first; exact search; counts capped."""
+class _DelayFilter(StaticValuesFilter):
+    """Runs that should have moved on: claimed and unpublished past their lease (on the
+    database's clock), or on a worker for over ``RunAdmin.stuck_after`` (since the admin's
+    now: an hour-scale threshold)."""
 
+    def __init__(self) -> None:
+        values = [(LATE, "Late: unpublished past its lease"), (STUCK, "Stuck: running too long")]
+        super().__init__("status", values, title="Late or stuck", parameter_name="delay")
+
+    async def get_filtered_query(
+        self, query: sa.Select[Any], value: Any, model: Any
+    ) -> sa.Select[Any]:
+        if value == LATE:
+            return query.where(
+                model.status == Status.CLAIMED.value,
+                model.published_at.is_(None),
+                model.lease_until < sa.func.current_timestamp(type_=UTCDateTime()),
+            )
+        if value == STUCK:
+            return query.where(
+                model.status.in_([s.value for s in ON_WORKER]),
+                model.started_at < datetime.now(UTC) - RunAdmin.stuck_after,
+            )
+        return query
+
+
+class _ReadOnly(ModelView):
+    """No create, edit, delete or export; newest first; exact search; counts capped; a list
+    without row checkboxes or the Actions menu (``voltro_beat/list.html``)."""
+
+    list_template = "voltro_beat/list.html"
     can_create = False
     can_edit = False
     can_delete = False
@@ -170,10 +220,13 @@ class RunAdmin(_ReadOnly, model=Run):
         },
     }
     column_formatters = {"status": _status, "publish_lag": _seconds, "duration": _seconds}
+    #: A run on a worker longer than this is marked stuck (set by :func:`add_views`).
+    stuck_after: ClassVar[timedelta] = STUCK_AFTER
     column_formatters_detail = {**column_formatters, "error": _error}
     column_searchable_list = ["id", "task_id"]
     column_filters = [
         StaticValuesFilter("status", [(s.value, s.value) for s in Status], title="Status"),
+        _DelayFilter(),
         StaticValuesFilter("coordination_outcome", [(o, o) for o in OUTCOMES], title="Outcome"),
         _ScheduleFilter(),
         _PeriodFilter(),
@@ -291,11 +344,26 @@ def _recent(session: Any, schedule: str) -> list[overview.Recent]:
     return [overview.Recent(*row) for row in rows]
 
 
-def add_views(admin: Admin, *, celery_app: str | None = None) -> None:
+class VoltroAdmin(Admin):
+    """sqladmin's :class:`~sqladmin.Admin` whose index (an empty page in sqladmin) sends to the
+    schedules overview; give it the views with :func:`add_views`."""
+
+    @login_required
+    async def index(self, request: Request) -> Response:
+        return RedirectResponse(request.url_for("admin:schedules"), status_code=302)
+
+
+def add_views(
+    admin: Admin,
+    *,
+    celery_app: str | None = None,
+    stuck_after: timedelta = STUCK_AFTER,
+) -> None:
     """Add the runs, claims, replicas and schedules views to ``admin``.
 
     ``celery_app`` (``"proj.celery:app"``) lets the schedules view show each entry's next
-    occurrences from the app's ``beat_schedule``.
+    occurrences from the app's ``beat_schedule``; a run started ``stuck_after`` ago and not
+    finished is marked stuck.
     """
     loader = admin.templates.env.loader
     if not isinstance(loader, ChoiceLoader):
@@ -304,5 +372,6 @@ def add_views(admin: Admin, *, celery_app: str | None = None) -> None:
     SchedulesView.session_maker = admin.session_maker
     SchedulesView.is_async = admin.is_async
     SchedulesView.celery_app = celery_app
+    RunAdmin.stuck_after = stuck_after
     for view in (RunAdmin, ClaimAdmin, ReplicaAdmin, SchedulesView):
         admin.add_view(view)
