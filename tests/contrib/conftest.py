@@ -4,7 +4,9 @@ it on SQLite, headless Chromium.
 One beat/worker scenario for the whole session (``seeded``): two ``celery beat -S voltro``
 replicas and a prefork worker of ``tests/acceptance/vbt_admin_proj.py`` on PostgreSQL + Redis
 (db 13) run four schedules for a few seconds, stop for a few, run again: succeeded, failed,
-retried and missed rows, and claims.
+retried and missed rows, and claims. Two rows are added as a stalled deployment would leave
+them: one claimed and unpublished past its lease (late), one started two hours ago and not
+finished (stuck).
 """
 
 from __future__ import annotations
@@ -86,6 +88,9 @@ class Seeded:
     #: What the admin's processes need to load the app (for the next occurrences).
     env: dict[str, str]
     rows: list[dict[str, object]]
+    #: The keys of the late row and of the stuck one.
+    late: str
+    stuck: str
 
     def row(self, key: str) -> dict[str, object]:
         return next(r for r in self.rows if r["id"] == key)
@@ -144,6 +149,7 @@ def seeded(workdir: Path, require_service: Callable[[str, str], str]) -> Iterato
         finally:
             made.close()
         register_replicas(dep.store_url)
+        late, stuck = stall_runs(dep.store_url)
         engine = sa.create_engine(dep.store_url, poolclass=sa.NullPool)
         with engine.connect() as conn:
             rows = [dict(r._mapping) for r in conn.execute(sa.select(runs))]
@@ -151,7 +157,52 @@ def seeded(workdir: Path, require_service: Callable[[str, str], str]) -> Iterato
             dep.store_url,
             env={"VBT_CONFIG_FILE": str(dep.config_file), "VBT_EXEC_DSN": exec_db},
             rows=rows,
+            late=late,
+            stuck=stuck,
         )
+
+
+def stall_runs(store_url: str) -> tuple[str, str]:
+    """Add a run claimed and unpublished past its lease (a replica that stopped between claim
+    and publish, no other one running) and a run started two hours ago and not finished (a
+    hung task); returns their keys. The database's clock, as beat and workers write."""
+    database = Database.open(store_url)
+    try:
+        now = database.time().replace(microsecond=0)
+        late_at, stuck_at = now - timedelta(minutes=3), now - timedelta(hours=2)
+        late, stuck = f"boom-2s@{late_at:%Y-%m-%dT%H:%M:%S}", f"ok-1s@{stuck_at:%Y-%m-%dT%H:%M:%S}"
+        common = {"coordination_outcome": "won_lock", "replica": "r1", "retries": 0}
+        with database.engine.begin() as conn:
+            for row in (
+                {
+                    **common,
+                    "id": late,
+                    "schedule": "boom-2s",
+                    "task": "vbt_admin.boom",
+                    "task_id": "late-task-id",
+                    "scheduled_at": late_at,
+                    "status": "claimed",
+                    "claimed_at": late_at,
+                    "lease_until": now - timedelta(minutes=2),
+                },
+                {
+                    **common,
+                    "id": stuck,
+                    "schedule": "ok-1s",
+                    "task": "vbt_admin.ok",
+                    "task_id": "stuck-task-id",
+                    "scheduled_at": stuck_at,
+                    "status": "started",
+                    "worker": "celery@hung-host",
+                    "claimed_at": stuck_at,
+                    "published_at": stuck_at,
+                    "started_at": stuck_at,
+                },
+            ):
+                conn.execute(runs.insert(), row)
+    finally:
+        database.dispose()
+    return late, stuck
 
 
 def register_replicas(store_url: str) -> None:

@@ -13,16 +13,16 @@ from typing import Any
 from voltro_beat.contrib.overview import RECENT
 from voltro_beat.status import Status
 
-#: The columns of both runs lists, as their headings read.
+#: The columns of both runs lists, as their headings read, besides the name of the run: its
+#: key in Django's, its schedule in sqladmin's (the key is the schedule and the instant).
 COLUMNS = (
-    "schedule",
     "scheduled at",
     "status",
     "reason",
     "outcome",
     "replica",
     "worker",
-    "publish lag",
+    "lag",
     "duration",
     "retries",
 )

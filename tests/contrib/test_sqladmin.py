@@ -69,7 +69,7 @@ def test_runs_list_newest_first(operator: httpx.Client, seeded: Seeded) -> None:
     page = operator.get(RUNS)
     assert keys_on(page) == seeded.newest()[:PAGE]
     assert f"of {len(seeded.rows)} items" in page.text
-    for label in ("key", *COLUMNS):
+    for label in ("schedule", *COLUMNS):
         assert f">{label}<" in page.text or f"{label}\n" in page.text, label
     assert "background:#c62828" in page.text  # a red badge: failed
 
