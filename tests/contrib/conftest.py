@@ -252,7 +252,11 @@ def django_site(seeded: Seeded, root: Path, procs: ProcessSet, kind: str) -> Dja
             "voltro": {"ENGINE": "django.db.backends.sqlite3", "NAME": store},
         }
         settings.update(
-            VOLTRO_BEAT_DATABASE="voltro", DATABASE_ROUTERS=[ROUTER], TIME_ZONE="Europe/Berlin"
+            VOLTRO_BEAT_DATABASE="voltro",
+            DATABASE_ROUTERS=[ROUTER],
+            TIME_ZONE="Europe/Berlin",
+            # Under the stuck run's two hours, and not the default.
+            VOLTRO_BEAT_ADMIN_STUCK_AFTER=6960,
         )
     site = DjangoSite.create(
         root / "project", procs, databases=databases, settings=settings, env=seeded.env

@@ -5,13 +5,14 @@ from __future__ import annotations
 import html
 import json
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from voltro_beat.contrib.overview import RECENT
-from voltro_beat.status import Status
+from voltro_beat.status import UNFINISHED, Status
 
 #: The columns of both runs lists, as their headings read, besides the name of the run: its
 #: key in Django's, its schedule in sqladmin's (the key is the schedule and the instant).
@@ -43,6 +44,7 @@ _INSTANT = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 class OverviewLine:
     squares: list[str]  # "key: status", oldest first
     rate: str
+    outcomes: str
     upcoming: list[datetime]  # naive, in the page's time zone
 
 
@@ -51,6 +53,7 @@ def overview(page: str) -> dict[str, OverviewLine]:
     found = {}
     for name, row in _ROW.findall(page):
         rate = re.search(r'class="vb-rate">([^<]*)<', row)
+        outcomes = re.search(r'class="vb-outcomes"[^>]*>([^<]*)<', row)
         following = re.search(r'class="vb-next">(.*?)</td>', row, re.S)
         found[html.unescape(name)] = OverviewLine(
             squares=[
@@ -59,6 +62,7 @@ def overview(page: str) -> dict[str, OverviewLine]:
                 for title in re.findall(r'title="([^"]+)"', tag)
             ],
             rate=rate.group(1).strip() if rate else "",
+            outcomes=html.unescape(outcomes.group(1).strip()) if outcomes else "",
             upcoming=[
                 datetime.fromisoformat(t)
                 for t in _INSTANT.findall(following.group(1) if following else "")
@@ -67,8 +71,9 @@ def overview(page: str) -> dict[str, OverviewLine]:
     return found
 
 
-def expected_overview(rows: Sequence[dict[str, Any]], schedule: str) -> tuple[list[str], str]:
-    """The squares (oldest first) and success rate the overview should show for ``schedule``."""
+def expected_overview(rows: Sequence[dict[str, Any]], schedule: str) -> tuple[list[str], str, str]:
+    """The squares (oldest first), success rate and outcomes the overview should show for
+    ``schedule``."""
     newest = sorted(
         (r for r in rows if r["schedule"] == schedule),
         key=lambda r: r["scheduled_at"],
@@ -78,7 +83,21 @@ def expected_overview(rows: Sequence[dict[str, Any]], schedule: str) -> tuple[li
     executed = [r for r in newest if r["status"] in (Status.SUCCEEDED, Status.FAILED)]
     succeeded = sum(r["status"] == Status.SUCCEEDED for r in executed)
     rate = f"{succeeded / len(executed):.0%}" if executed else "-"
-    return [f"{r['id']}: {r['status']}" for r in reversed(newest)], rate
+    kinds = Counter(
+        f"{r['status']} ({r['reason']})" if r["status"] in ("missed", "skipped") else r["status"]
+        for r in newest
+    )
+    for status in UNFINISHED:
+        kinds["unfinished"] += kinds.pop(status.value, 0)
+    outcomes = ", ".join(f"{n} {kind}" for kind, n in _in_order(kinds) if n) or "-"
+    return [f"{r['id']}: {r['status']}" for r in reversed(newest)], rate, outcomes
+
+
+def _in_order(kinds: Counter[str]) -> list[tuple[str, int]]:
+    """Succeeded, failed, revoked, rejected, then missed and skipped by reason, unfinished."""
+    first = ["succeeded", "failed", "revoked", "rejected"]
+    middle = sorted(k for k in kinds if k.startswith(("missed", "skipped")))
+    return [(kind, kinds[kind]) for kind in (*first, *middle, "unfinished")]
 
 
 def table_rows(page: str) -> list[str]:

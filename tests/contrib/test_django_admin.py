@@ -142,8 +142,23 @@ def test_detail_page_has_every_column_the_error_and_the_task_result(
     for value in (run["id"], run["task_id"], run["task"], run["replica"], run["worker"]):
         assert html.escape(str(value)) in text, value
     assert "ValueError: boom" in text
+    # The traceback the worker's failure signal stored after the error line.
+    assert "Traceback (most recent call last):" in text and "in boom" in text
     assert re.search(r'href="/admin/django_celery_results/taskresult/\d+/change/">FAILURE<', text)
     assert "Save" not in text  # read-only
+
+
+def test_late_and_stuck_runs_are_marked_and_filtered(
+    viewer: httpx.Client, seeded: Seeded, site: DjangoSite
+) -> None:
+    for marker, key in (("late", seeded.late), ("stuck", seeded.stuck)):
+        page = viewer.get(RUNS, params={"delay": marker})
+        assert keys_on(page) == [key], marker
+        assert re.findall(r'class="vb-delay"[^>]*>([^<]+)<', page.text) == [marker]
+    assert 'class="vb-delay"' in viewer.get(change_url(seeded.stuck)).text
+    # The threshold the project set (the SQLite site: 1 h 56 min), else an hour.
+    threshold = "1 h 56 min" if site.time_zone != "UTC" else "1 h 0 min"
+    assert f"stuck: running over {threshold}" in viewer.get(RUNS).text
 
 
 def test_detail_page_of_a_retried_run(viewer: httpx.Client, seeded: Seeded) -> None:
@@ -161,8 +176,8 @@ def test_schedules_overview(viewer: httpx.Client, seeded: Seeded, site: DjangoSi
     assert set(lines) == {r["schedule"] for r in seeded.rows}
     zone = ZoneInfo(site.time_zone)
     for name, line in lines.items():
-        squares, rate = expected_overview(seeded.rows, name)
-        assert (line.squares, line.rate) == (squares, rate), name
+        expected = expected_overview(seeded.rows, name)
+        assert (line.squares, line.rate, line.outcomes) == expected, name
         upcoming = [t.replace(tzinfo=zone) for t in line.upcoming]
         assert len(upcoming) == 3 and upcoming == sorted(upcoming), name
         assert before - timedelta(seconds=1) < upcoming[0] < before + timedelta(seconds=5), name

@@ -97,6 +97,36 @@ def test_detail_page(operator: httpx.Client, seeded: Seeded) -> None:
     for value in (run["id"], run["task_id"], run["task"], run["replica"], run["worker"]):
         assert html.escape(str(value)) in page.text, value
     assert "ValueError: boom" in page.text
+    # The traceback the worker's failure signal stored after the error line.
+    assert "Traceback (most recent call last):" in page.text and "in boom" in page.text
+
+
+def test_late_and_stuck_runs_are_marked_and_filtered(
+    operator: httpx.Client, seeded: Seeded
+) -> None:
+    for marker, key in (("late", seeded.late), ("stuck", seeded.stuck)):
+        page = operator.get(RUNS, params={"delay": marker})
+        assert keys_on(page) == [key], marker
+        assert re.findall(r'class="vb-delay[^"]*"[^>]*>([^<]+)<', page.text) == [marker]
+    assert ">stuck<" in operator.get(f"/admin/run/details/{seeded.stuck}").text
+
+
+def test_the_stuck_threshold_is_configurable(
+    seeded: Seeded, workdir: Path, procs: ProcessSet
+) -> None:
+    root = workdir / "sqladmin-stuck-after"
+    root.mkdir()
+    # Three hours: the run started two hours ago is not stuck yet.
+    patient = SqladminSite.start(
+        root, procs, seeded.store_url, env={"VOLTRO_BEAT_ADMIN_STUCK_AFTER": "10800"}
+    ).login()
+    assert keys_on(patient.get(RUNS, params={"delay": "stuck"})) == []
+    assert keys_on(patient.get(RUNS, params={"delay": "late"})) == [seeded.late]
+
+
+def test_the_admin_opens_on_the_schedules_overview(operator: httpx.Client) -> None:
+    landing = operator.get("/admin/")
+    assert landing.status_code == 302 and landing.headers["location"].endswith("/admin/schedules")
 
 
 def test_schedules_overview(operator: httpx.Client, seeded: Seeded) -> None:
@@ -106,7 +136,7 @@ def test_schedules_overview(operator: httpx.Client, seeded: Seeded) -> None:
     lines = overview(page.text)
     assert set(lines) == {r["schedule"] for r in seeded.rows}
     for name, line in lines.items():
-        assert (line.squares, line.rate) == expected_overview(seeded.rows, name), name
+        assert (line.squares, line.rate, line.outcomes) == expected_overview(seeded.rows, name)
         upcoming = [t.replace(tzinfo=UTC) for t in line.upcoming]
         assert len(upcoming) == 3 and upcoming == sorted(upcoming), name
         assert before - timedelta(seconds=1) < upcoming[0] < before + timedelta(seconds=5), name

@@ -139,7 +139,7 @@ class DelayFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [
             (LATE, "late: claimed, unpublished past its lease"),
-            (STUCK, f"stuck: running for over {stuck_after()}"),
+            (STUCK, f"stuck: running over {seconds_text(stuck_after().total_seconds())}"),
         ]
 
     def queryset(self, request: HttpRequest, queryset: Any) -> Any:
