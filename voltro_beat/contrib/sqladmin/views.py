@@ -130,7 +130,7 @@ class _DelayFilter(StaticValuesFilter):
     now: an hour-scale threshold)."""
 
     def __init__(self) -> None:
-        values = [(LATE, "Late: unpublished past its lease"), (STUCK, "Stuck: running too long")]
+        values = [(LATE, "Late"), (STUCK, "Stuck")]
         super().__init__("status", values, title="Late or stuck", parameter_name="delay")
 
     async def get_filtered_query(
