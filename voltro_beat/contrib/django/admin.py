@@ -23,7 +23,7 @@ from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections, router
-from django.db.models import DateTimeField, ExpressionWrapper, Q
+from django.db.models import DateTimeField, ExpressionWrapper
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -149,9 +149,7 @@ class DelayFilter(admin.SimpleListFilter):
             )
         if self.value() == STUCK:
             cutoff = ExpressionWrapper(Now() - stuck_after(), output_field=DateTimeField())
-            return queryset.filter(
-                Q(status__in=[s.value for s in ON_WORKER]), started_at__lt=cutoff
-            )
+            return queryset.filter(status__in=[s.value for s in ON_WORKER], started_at__lt=cutoff)
         return queryset
 
 
