@@ -335,7 +335,7 @@ class VoltroScheduler(beat.Scheduler):
         last = self._store.last_scheduled([e.name for e in entries])
         backfill: list[Occurrence] = []
         for entry in entries:
-            plan = catchup.plan(entry, last.get(entry.name), now)
+            plan = catchup.plan(entry, last.get(entry.name), now, on_time=self._lease)
             backfill += plan.occurrences
             if plan.unrecorded_until is not None:
                 logger.warning(
@@ -497,6 +497,7 @@ class VoltroScheduler(beat.Scheduler):
         # Sorted by key, every replica locks the keys in the same order: no deadlock between
         # claim statements.
         occurrences = sorted(self._apply_overlap(occurrences, now), key=lambda o: o.key)
+        recorded: dict[tuple[str, str, str | None], list[datetime]] = collections.defaultdict(list)
         for i in range(0, len(occurrences), BATCH):
             batch = occurrences[i : i + BATCH]
             with self._metrics.claim_statement():
@@ -516,7 +517,33 @@ class VoltroScheduler(beat.Scheduler):
                 if o.status == Status.CLAIMED:
                     heapq.heappush(self._ready, (o.scheduled_at, o.key, o))
                 else:
-                    logger.info("voltro_beat: %s recorded %s (%s)", o.key, o.status, o.reason)
+                    logger.debug("voltro_beat: %s recorded %s (%s)", o.key, o.status, o.reason)
+                    recorded[o.schedule, o.status, o.reason].append(o.scheduled_at)
+        # One line per schedule and fate (a catch-up after a long downtime records hundreds).
+        for (name, status, reason), instants in sorted(recorded.items()):
+            entry = self._entries[name]
+            policy = (
+                f"catch_up={entry.catch_up}"
+                if reason == Reason.CATCH_UP
+                else f"on_overlap={entry.on_overlap}"
+                if reason == Reason.OVERLAP or status == Status.QUEUED
+                else f"max_lateness={entry.max_lateness.total_seconds():g}s"
+            )
+            window = (
+                instants[0].isoformat()
+                if len(instants) == 1
+                else f"{min(instants).isoformat()} .. {max(instants).isoformat()}"
+            )
+            logger.info(
+                "voltro_beat: %s: %d %s recorded %s (%s), %s; %s",
+                name,
+                len(instants),
+                "occurrence" if len(instants) == 1 else "occurrences",
+                status,
+                reason,
+                window,
+                policy,
+            )
 
     # -- maintenance ----------------------------------------------------------------------
 
