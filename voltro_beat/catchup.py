@@ -66,10 +66,22 @@ def plan(entry: Entry, last: datetime | None, now: datetime, *, on_time: timedel
     return Plan(missed + published, unrecorded_until)
 
 
-def last_due(entry: Entry, at: datetime) -> datetime | None:
+def last_due(entry: Entry, at: datetime, *, early: timedelta) -> datetime | None:
     """The occurrence an external trigger arriving at ``at`` stands for: the newest one at or
-    before ``at``, if it is at most ``entry.max_lateness`` before it; else ``None``."""
+    before ``at``, if it is at most ``entry.max_lateness`` before it; else ``None``.
+
+    An arrival at most ``early`` before an occurrence, and nearer to it than to the one before
+    (the platform's clock a little ahead of the database's), stands for that occurrence: the
+    trigger waits for its instant.
+    """
     instant = latest_at_or_before(entry.spec, at)
+    upcoming = next_after(entry.spec, at)
+    if (
+        upcoming is not None
+        and upcoming - at <= early
+        and (instant is None or upcoming - at < at - instant)
+    ):
+        return upcoming
     return instant if instant is not None and at - instant <= entry.max_lateness else None
 
 

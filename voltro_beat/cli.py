@@ -340,7 +340,8 @@ def _celery_app_option(command: Callable[..., None]) -> Callable[..., None]:
 def trigger(name: str, celery_app: str) -> None:
     """Fire the external entry NAME now (for a platform's scheduler: a CronJob's command).
 
-    The arrival snaps back to the newest occurrence at or before it on the database's clock;
+    The arrival snaps back to the newest occurrence at or before it on the database's clock
+    (one at most voltro_beat_max_clock_offset ahead is waited for);
     that occurrence is claimed whatever the coordination and published once. A second trigger
     for it publishes nothing and exits 0. Exit 3: further than the entry's max_lateness from
     any occurrence; exit 4: claimed but not published (recovery republishes it).

@@ -191,27 +191,45 @@ def test_an_arrival_snaps_back_to_the_newest_occurrence(
     after = next_after(e.spec, occurrence)
     assert after is not None
     # Exactly on the occurrence, just after it, and 1 ms before the next one: all that one.
-    assert last_due(e, occurrence) == occurrence
-    assert last_due(e, occurrence + MS) == occurrence
-    assert last_due(e, after - MS) == occurrence
+    assert last_due(e, occurrence, early=ZERO) == occurrence
+    assert last_due(e, occurrence + MS, early=ZERO) == occurrence
+    assert last_due(e, after - MS, early=ZERO) == occurrence
     # On the next one: the next one.
-    assert last_due(e, after) == after
+    assert last_due(e, after, early=ZERO) == after
+
+
+def test_an_early_arrival_stands_for_the_occurrence_it_precedes() -> None:
+    # Issue 18: a platform whose clock runs ahead of the database's fires a little early; that
+    # arrival is the coming occurrence (the trigger waits for it), not the previous one.
+    e = entry(3600, max_lateness=timedelta(hours=7))
+    occurrence = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    second = timedelta(seconds=1)
+    assert last_due(e, occurrence - 300 * MS, early=second) == occurrence
+    assert last_due(e, occurrence - second, early=second) == occurrence
+    assert last_due(e, occurrence - second - MS, early=second) == occurrence - timedelta(hours=1)
+    assert last_due(e, occurrence + MS, early=second) == occurrence
+    once = entry(occurrence)
+    assert last_due(once, occurrence - 300 * MS, early=second) == occurrence
+    # A cadence shorter than the offset: the nearer occurrence.
+    fast = entry(1.0)
+    assert last_due(fast, occurrence + 300 * MS, early=second) == occurrence
+    assert last_due(fast, occurrence + 700 * MS, early=second) == occurrence + second
 
 
 def test_an_arrival_beyond_max_lateness_stands_for_nothing() -> None:
     occurrence = datetime(2026, 3, 1, 11, 0, tzinfo=UTC)
     e = entry(3600, max_lateness=timedelta(minutes=10))
-    assert last_due(e, occurrence + timedelta(minutes=10)) == occurrence
-    assert last_due(e, occurrence + timedelta(minutes=10) + MS) is None
-    assert last_due(e, occurrence + timedelta(minutes=59, seconds=59)) is None
+    assert last_due(e, occurrence + timedelta(minutes=10), early=ZERO) == occurrence
+    assert last_due(e, occurrence + timedelta(minutes=10) + MS, early=ZERO) is None
+    assert last_due(e, occurrence + timedelta(minutes=59, seconds=59), early=ZERO) is None
 
 
 def test_an_arrival_before_a_one_off_stands_for_nothing() -> None:
     once = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
     e = entry(once)
-    assert last_due(e, once - MS) is None
-    assert last_due(e, once + timedelta(hours=23)) == once
-    assert last_due(e, once + timedelta(days=1, milliseconds=1)) is None
+    assert last_due(e, once - MS, early=ZERO) is None
+    assert last_due(e, once + timedelta(hours=23), early=ZERO) == once
+    assert last_due(e, once + timedelta(days=1, milliseconds=1), early=ZERO) is None
 
 
 @settings(max_examples=200, deadline=None)
@@ -225,7 +243,7 @@ def test_last_due_is_the_newest_occurrence_within_max_lateness(
 ) -> None:
     e = entry(every_s, max_lateness=lateness_s)
     arrival = NOW + timedelta(milliseconds=offset_ms)
-    found = last_due(e, arrival)
+    found = last_due(e, arrival, early=ZERO)
     window = list(
         occurrences_between(e.spec, arrival - timedelta(seconds=lateness_s), arrival + MS)
     )
