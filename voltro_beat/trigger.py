@@ -3,8 +3,9 @@ entry that says ``"trigger": "external"``, through ``voltro-beat trigger`` or it
 
 The arrival, on the database's clock, is snapped back to the newest occurrence of the entry's
 own schedule at or before it (no further back than its ``max_lateness``); an arrival at most
-``voltro_beat_max_clock_offset`` before an occurrence stands for it, and waits for its instant. That occurrence is
-claimed through the claims table whatever the coordination, ``single`` included: the
+``voltro_beat_max_clock_offset`` before an occurrence stands for it, and waits for its
+instant. That occurrence is claimed through the claims table whatever the coordination,
+``single`` included: the
 duplicate comes from the platform (a CronJob may create two Jobs for one scheduled time, a
 Job retries), not from a second replica. The winner publishes it through the dispatcher's
 fence, write and mark, as beat does, with the same key, task id and headers; its run row's
