@@ -117,6 +117,8 @@ class VoltroScheduler(beat.Scheduler):
     _dispatch: Dispatcher
     _clock: Clock
     _membership: Membership
+    #: What writes won occurrences to the broker (voltro_beat.testing records them instead).
+    publisher_class: type[Publisher] = Publisher
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self._configured = False
@@ -222,7 +224,7 @@ class VoltroScheduler(beat.Scheduler):
         self._membership = Membership(
             Registry(database), self._clock, settings, self._entries, version("voltro-beat")
         )
-        self._publisher = Publisher(self.app, write_timeout=self._write_timeout)
+        self._publisher = self.publisher_class(self.app, write_timeout=self._write_timeout)
         self._dispatch = Dispatcher(
             store, self._publisher, self._entries, self._lease, self._clock, self._metrics
         )
