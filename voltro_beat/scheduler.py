@@ -162,11 +162,11 @@ class VoltroScheduler(beat.Scheduler):
         if self._settings.metrics_port is not None:
             self._serve_metrics(self._settings.metrics_port)
         logger.info(
-            "voltro_beat: replica %s, store %s, coordination %s, %d schedules",
+            "voltro_beat: replica %s, store %s, coordination %s, %s",
             self._settings.replica,
             self._store.display_url,
             self._settings.coordination,
-            len(self._entries),
+            self._schedules_counted(),
         )
         for warning, line in retention.announce(self._retention):
             (logger.warning if warning else logger.info)("%s", line)
@@ -256,8 +256,15 @@ class VoltroScheduler(beat.Scheduler):
         return (
             f"voltro_beat: store {self._store.display_url}, "
             f"coordination {self._settings.coordination}, clock {self._clock.mode}, "
-            f"replica {self._settings.replica}, {len(self._entries)} schedules"
+            f"replica {self._settings.replica}, {self._schedules_counted()}"
         )
+
+    def _schedules_counted(self) -> str:
+        """The app's schedules, counted as its ``beat_schedule`` lists them; the entries
+        Celery adds (``celery.backend_cleanup``) named apart."""
+        own = len(self._entries) - len(self._default_entries)
+        added = ", ".join(sorted(self._default_entries))
+        return f"{own} schedules" + (f" (and Celery's {added})" if added else "")
 
     # -- the loop -------------------------------------------------------------------------
 

@@ -56,7 +56,18 @@ def test_the_readme_commands_are_the_quickstart_s_and_the_demo_runs_each_occurre
         ["./run", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
     )
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-    assert re.search(r"\d+ occurrences; won by .*; executed more than once: 0", demo.stdout)
+    summary = re.compile(r"^(\d+) occurrences; won by (.*); executed more than once: 0$", re.M)
+    ran = summary.search(demo.stdout)
+    assert ran, demo.stdout[-3000:]
+    # The page's sample line is a run's: the same replicas, counts that add up, and about as
+    # many occurrences as this run's (the demo's schedules fire the same number each run,
+    # give or take the boundaries of its window).
+    shown = summary.search(QUICKSTART.read_text())
+    assert shown, f"{QUICKSTART} shows no summary line of the demo"
+    wins = dict(re.findall(r"(\S+): (\d+)", shown[2]))
+    assert wins.keys() == dict(re.findall(r"(\S+): (\d+)", ran[2])).keys()
+    assert sum(map(int, wins.values())) == int(shown[1])
+    assert abs(int(shown[1]) - int(ran[1])) <= 0.2 * int(ran[1]), (shown[0], ran[0])
 
 
 def test_the_five_steps_run_a_worker_and_two_replicas_that_record_every_run(
