@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from celery import Celery
+from click.testing import CliRunner
 
 from voltro_beat import scheduler as scheduler_module
+from voltro_beat.cli import main
 from voltro_beat.scheduler import EX_CONFIG, VoltroScheduler
 
 pytestmark = pytest.mark.postgres
@@ -185,3 +187,23 @@ def test_the_outage_is_warned_about_again_at_a_steady_interval_and_in_the_metric
         assert registry.get_sample_value("voltro_beat_store_errors_total") == 4
     finally:
         scheduler.close()
+
+
+@pytest.mark.parametrize(
+    ("store", "says"),
+    [
+        (
+            "postgresql+psycopg://root:s3cret@127.0.0.1:5432/vt_no_such_database",
+            'database "vt_no_such_database" does not exist; check the database name in the URL',
+        ),
+        (f"postgresql+psycopg://root@127.0.0.1:{NOTHING_LISTENS}/postgres", "Connection refused"),
+    ],
+)
+def test_voltro_beat_status_says_what_failed_and_what_to_check(store: str, says: str) -> None:
+    result = CliRunner().invoke(main, ["status", "--store", store])
+    assert result.exit_code == 1, result.output
+    (line,) = result.output.splitlines()
+    assert line.startswith("Error: store ") and says in line
+    assert "s3cret" not in line
+    if "Connection refused" in says:
+        assert "check" not in line  # down: nothing to fix in the URL
