@@ -10,6 +10,7 @@ is checked to be CI's command (.ci/run) instead of being run again.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import signal
@@ -121,3 +122,17 @@ def test_the_five_steps_run_a_worker_and_two_replicas_that_record_every_run(
     replicas = dict(re.findall(r"^│ (\S+:\d+) +│.*│ (yes|no) +│", output, flags=re.M))
     assert list(replicas.values()) == ["yes", "yes"], output
     assert {replica for _, _, replica in runs} <= replicas.keys()
+    # What the page shows is what this run printed: the same lines, the same columns.
+    shown = [body for info, body in parts()[1] if info == "text"]
+    assert shown[0].strip() in output
+    for title in ("_voltro_schedule_runs (4 newest)", "_voltro_beat_replicas (2)"):
+        assert headers(shown[1], title) == headers(output, title)[: len(headers(shown[1], title))]
+
+
+def headers(text: str, title: str) -> list[str]:
+    """The column names of the table titled ``title`` in ``text``, up to an elided one."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip() == title)
+    row = next(line for line in lines[at + 1 :] if line.startswith("┃"))
+    names = [cell.strip() for cell in row.strip("┃").split("┃")]
+    return list(itertools.takewhile(lambda name: "…" not in name, names))
