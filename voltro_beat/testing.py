@@ -62,7 +62,7 @@ class Published:
     options: Mapping[str, Any]
 
 
-class RecordingPublisher(Publisher):
+class _RecordingPublisher(Publisher):
     """A publisher that keeps each message instead of writing it to a broker."""
 
     def __init__(self, app: Celery, **kwargs: Any) -> None:
@@ -90,20 +90,19 @@ class RecordingPublisher(Publisher):
         """Nothing to build: no broker."""
 
 
-class RecordingScheduler(VoltroScheduler):
-    """Beat's scheduler on a clock the test sets, publishing into a :class:`RecordingPublisher`."""
+class _RecordingScheduler(VoltroScheduler):
+    """Beat's scheduler on a clock the test sets, publishing into a :class:`_RecordingPublisher`."""
 
-    publisher_class = RecordingPublisher
+    publisher_class = _RecordingPublisher
 
     def tick_at(self, at: datetime) -> list[Published]:
-        """One tick with the clock (the process's and the SQLite store's) reading ``at``;
+        """One tick with the scheduler's clock (and the SQLite store's) reading ``at``;
         the messages it sent. The first tick boots beat at ``at``."""
         if at.utcoffset() is None:
             raise NaiveDatetimeError(f"tick at {at.isoformat()}: give the instant a timezone")
-        self._configure()
         self._store.database.clock = lambda: at
         recorder = self._publisher
-        assert isinstance(recorder, RecordingPublisher)
+        assert isinstance(recorder, _RecordingPublisher)
         before = len(recorder.sent)
         # Not tick(): it logs and swallows every error, which a test wants to see.
         self._tick()
@@ -183,12 +182,12 @@ def voltro_tick(
     for key, env in _SIDE_EFFECTS.items():
         monkeypatch.setitem(voltro_app.conf, key, None)
         monkeypatch.delenv(env, raising=False)
-    scheduler: RecordingScheduler | None = None
+    scheduler: _RecordingScheduler | None = None
 
     def tick(at: datetime) -> list[Published]:
         nonlocal scheduler
         if scheduler is None:
-            scheduler = RecordingScheduler(voltro_app)
+            scheduler = _RecordingScheduler(voltro_app)
         return scheduler.tick_at(at)
 
     yield tick
