@@ -404,8 +404,12 @@ def _stamp(at: datetime | None) -> str:
 def _errors() -> Iterator[None]:
     try:
         yield
-    except (ConfigurationError, StoreError, PublishError) as exc:
+    except (ConfigurationError, PublishError) as exc:
         raise click.ClickException(str(exc)) from exc
+    except StoreError as exc:
+        # A store no retry cures says what to check, as beat does at boot.
+        hint = "" if exc.check is None else f"; check {exc.check}"
+        raise click.ClickException(f"{exc}{hint}") from exc
 
 
 # -- the operator's commands (docs/operations.md) -------------------------------------------
