@@ -33,20 +33,27 @@ class Plan:
     unrecorded_until: datetime | None = None
 
 
-def plan(entry: Entry, last: datetime | None, now: datetime) -> Plan:
+def plan(entry: Entry, last: datetime | None, now: datetime, *, on_time: timedelta) -> Plan:
     """The occurrences of ``entry`` after ``last`` up to ``now``, each with its fate.
 
     A schedule with no history (``last`` is None) starts from now: nothing historical fires
     on a first boot. Only occurrences within ``entry.max_lateness`` of ``now`` are considered
     (older ones could never be published, and a fast schedule could have millions of them),
-    and of those the newest :data:`MAX_BACKFILL`. ``latest`` publishes the newest and records
-    the others ``missed``; ``skip`` records all ``missed``; ``all`` publishes each one.
+    and of those the newest :data:`MAX_BACKFILL`.
+
+    Catch-up is for downtime: an occurrence less than ``on_time`` old (the publish lease) may
+    be one a live replica is about to claim (an overlap schedule is claimed at its instant, a
+    loaded replica claims late), so it is published whatever the policy, as that replica
+    would, and the claims gate lets only one of them have it. Of the older ones, ``latest``
+    publishes the newest when none is on time and records the others ``missed``; ``skip``
+    records them all ``missed``; ``all`` publishes each one.
     """
     if last is None:
         return Plan([])
     after = max(last, now - entry.max_lateness - timedelta(microseconds=1))
     instants, unrecorded_until = newest(entry, after, now, MAX_BACKFILL)
-    sent = {"all": len(instants), "latest": 1, "skip": 0}[entry.catch_up]
+    recent = sum(1 for at in instants if at > now - on_time)
+    sent = {"all": len(instants), "latest": max(1, recent), "skip": recent}[entry.catch_up]
     cut = max(0, len(instants) - sent)
     lateness = entry.max_lateness
     missed = [
@@ -59,10 +66,22 @@ def plan(entry: Entry, last: datetime | None, now: datetime) -> Plan:
     return Plan(missed + published, unrecorded_until)
 
 
-def last_due(entry: Entry, at: datetime) -> datetime | None:
+def last_due(entry: Entry, at: datetime, *, early: timedelta) -> datetime | None:
     """The occurrence an external trigger arriving at ``at`` stands for: the newest one at or
-    before ``at``, if it is at most ``entry.max_lateness`` before it; else ``None``."""
+    before ``at``, if it is at most ``entry.max_lateness`` before it; else ``None``.
+
+    An arrival at most ``early`` before an occurrence, and nearer to it than to the one before
+    (the platform's clock a little ahead of the database's), stands for that occurrence: the
+    trigger waits for its instant.
+    """
     instant = latest_at_or_before(entry.spec, at)
+    upcoming = next_after(entry.spec, at)
+    if (
+        upcoming is not None
+        and upcoming - at <= early
+        and (instant is None or upcoming - at < at - instant)
+    ):
+        return upcoming
     return instant if instant is not None and at - instant <= entry.max_lateness else None
 
 

@@ -359,7 +359,8 @@ def _celery_app_option(command: Callable[..., None]) -> Callable[..., None]:
 def trigger(name: str, celery_app: str) -> None:
     """Fire the external entry NAME now (for a platform's scheduler: a CronJob's command).
 
-    The arrival snaps back to the newest occurrence at or before it on the database's clock;
+    The arrival snaps back to the newest occurrence at or before it on the database's clock
+    (one at most voltro_beat_max_clock_offset ahead is waited for);
     that occurrence is claimed whatever the coordination and published once. A second trigger
     for it publishes nothing and exits 0. Exit 3: further than the entry's max_lateness from
     any occurrence; exit 4: claimed but not published (recovery republishes it).
@@ -422,8 +423,12 @@ def _stamp(at: datetime | None) -> str:
 def _errors() -> Iterator[None]:
     try:
         yield
-    except (ConfigurationError, StoreError, PublishError) as exc:
+    except (ConfigurationError, PublishError) as exc:
         raise click.ClickException(str(exc)) from exc
+    except StoreError as exc:
+        # A store no retry cures says what to check, as beat does at boot.
+        hint = "" if exc.check is None else f"; check {exc.check}"
+        raise click.ClickException(f"{exc}{hint}") from exc
 
 
 # -- the operator's commands (docs/operations.md) -------------------------------------------
@@ -530,6 +535,7 @@ def backfill(store_url: str, name: str, since: str, until: str, dry_run: bool, y
         if end <= start:
             raise click.ClickException(f"--until ({end}) must be after --since ({start})")
         _not_ahead(end, "--until", database)
+        _retained(start, "--since", database, settings)
         instants = list(
             itertools.islice(occurrences_between(entry.spec, start, end), MAX_BACKFILL + 1)
         )
@@ -585,6 +591,7 @@ def run_now(store_url: str, name: str, at: str | None) -> None:
         instant = latest_at_or_before(entry.spec, when)
         if instant is None:
             raise click.ClickException(f"schedule {name!r} has no occurrence at or before {when}")
+        _retained(instant, "--at" if at is not None else "the occurrence", database, settings)
         key = occurrence_key(name, instant)
         if not _publish(app, settings, database, entries, entry, [instant], Reason.MANUAL):
             (row,) = reads.recent_runs(
@@ -705,6 +712,23 @@ def _not_ahead(at: datetime, option: str, database: Database) -> datetime:
         raise click.ClickException(
             f"{option} {at.isoformat()} is ahead of the database's clock ({current.isoformat()}):"
             " only past occurrences can be published by hand"
+        )
+    return at
+
+
+def _retained(at: datetime, option: str, database: Database, settings: Settings) -> datetime:
+    """``at``, unless the runs retention removes (or removed) run rows that old: an occurrence
+    whose row is gone could be published again after it ran, so it is refused (the store
+    refuses its claim too)."""
+    floors = [database.time() - settings.runs_ttl, reads.swept_before(database)]
+    floor = max(f for f in floors if f is not None)
+    if at < floor:
+        hours = settings.runs_ttl.total_seconds() / 3600
+        raise click.ClickException(
+            f"{option} {at.isoformat()} is older than the run table keeps its rows "
+            f"(voltro_beat_runs_ttl_hours = {hours:g}, swept up to {floor.isoformat()}): an "
+            "occurrence there could be published again after it ran; "
+            f"choose an instant at or after {floor.isoformat()}"
         )
     return at
 

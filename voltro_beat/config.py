@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from voltro_beat.clock import ClockMode
 from voltro_beat.coordination import ALIASES, Coordination
@@ -243,4 +244,15 @@ def _timezone(conf: Mapping[str, Any]) -> str | None:
         import tzlocal
 
         return str(tzlocal.get_localzone_name())
-    return str(getattr(value, "key", value))
+    name = str(getattr(value, "key", value))
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        # Checked here, once: every entry without a zone of its own would otherwise be
+        # blamed for it, the first one (often Celery's celery.backend_cleanup) at boot.
+        raise ConfigurationError(
+            f"unknown time zone {name!r} (the app's timezone, the zone of every entry "
+            "without a tz of its own)",
+            field="timezone",
+        ) from None
+    return name

@@ -184,8 +184,41 @@ def parse_text(text: str) -> tuple[str, bool, bool] | str:
             f"cron expression {text!r} uses R or H fields, which are not the same on every replica"
         )
     seconds_first = len(fields) == 6
+    for (field, lo, hi), value in zip(_FIELDS[not seconds_first :], fields, strict=True):
+        error = _field_error(field, value, lo, hi)
+        if error is not None:
+            return f"cron expression {text!r}: {error}"
     minute, hour = fields[1:3] if seconds_first else fields[0:2]
     return " ".join(fields), seconds_first, minute.startswith("*") or hour.startswith("*")
+
+
+#: The fields of a six-field expression (a five-field one has no seconds) and their ranges;
+#: day-of-week 7 is Sunday again, as in croniter.
+_FIELDS = (
+    ("second", 0, 59),
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day-of-month", 1, 31),
+    ("month", 1, 12),
+    ("day-of-week", 0, 7),
+)
+
+
+def _field_error(field: str, text: str, lo: int, hi: int) -> str | None:
+    """Why one field's numbers are out of its range, naming the field (croniter accepts some
+    such fields silently, ``*/61``, and refuses others without naming the field)."""
+    # A step larger than the field's span matches only its first value: ``*/61`` in the
+    # minute field is minute 0, never "every 61 minutes".
+    span = (6 if field == "day-of-week" else hi) - lo
+    for part in text.split(","):
+        base, slash, step = part.partition("/")
+        if slash and step.isdigit() and not 1 <= int(step) <= span:
+            return f"{field} step {step} in {part!r} is out of range (1-{span})"
+        for number in base.split("-"):
+            # Names (jan, mon), L, W, # and ? are croniter's to check.
+            if number.isdigit() and not lo <= int(number) <= hi:
+                return f"{field} {number} in {part!r} is out of range ({lo}-{hi})"
+    return None
 
 
 def checked(

@@ -27,7 +27,15 @@ class ConfigurationError(VoltroBeatError):
 
 
 class StoreError(VoltroBeatError):
-    """The store (database) failed; the driver's error is chained as ``__cause__``."""
+    """The store (database) failed; the driver's error is chained as ``__cause__``.
+
+    ``check`` is set when no retry cures it (a wrong password, a database that does not
+    exist, a missing grant, an unknown host): what the operator should check.
+    """
+
+    def __init__(self, message: str, *, check: str | None = None) -> None:
+        super().__init__(message)
+        self.check = check
 
 
 class NaiveDatetimeError(VoltroBeatError, ValueError):

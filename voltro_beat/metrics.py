@@ -132,6 +132,12 @@ class Metrics:
     def store_error(self) -> None:
         if self._on is not None:
             self._on.store_errors.inc()
+            self._on.store_up.set(0)
+
+    def store_up(self, up: bool) -> None:
+        """The store answered again (``True``) after errors."""
+        if self._on is not None:
+            self._on.store_up.set(1 if up else 0)
 
     def broker_error(self) -> None:
         if self._on is not None:
@@ -186,6 +192,12 @@ class _Instruments:
         self.store_errors = Counter(
             "voltro_beat_store_errors", "Ticks that failed on a store error.", registry=registry
         )
+        self.store_up = Gauge(
+            "voltro_beat_store_up",
+            "1 while this replica's last tick reached the store, 0 while it fails (retrying).",
+            registry=registry,
+        )
+        self.store_up.set(1)
         self.broker_errors = Counter(
             "voltro_beat_broker_errors", "Broker writes that failed.", registry=registry
         )

@@ -90,6 +90,16 @@ def _evaluated(value: Any) -> Any:
     return value() if isinstance(value, BeatLazyFunc) else value
 
 
+def arguments(entry: Entry) -> tuple[list[Any], dict[str, Any]]:
+    """The positional and keyword arguments a message of ``entry`` carries, as Celery's beat
+    sends them: a list (whether the entry gave a list or a tuple), ``BeatLazyFunc`` values
+    called at each send."""
+    return (
+        [_evaluated(value) for value in entry.args],
+        {name: _evaluated(value) for name, value in entry.kwargs.items()},
+    )
+
+
 class _Recorder(Producer):
     """A producer that keeps the publish call Celery makes instead of sending it."""
 
@@ -359,10 +369,7 @@ class Publisher:
         # kombu's retry publishes again on a new connection, whose confirms nobody waits for.
         options.setdefault("retry", self._confirms is None)
         options.setdefault("retry_policy", RETRY_POLICY)
-        # As Celery's beat: the arguments as a list (whether the entry gave a list or a tuple),
-        # BeatLazyFunc values called at each send.
-        args = [_evaluated(value) for value in entry.args]
-        kwargs = {name: _evaluated(value) for name, value in entry.kwargs.items()}
+        args, kwargs = arguments(entry)
         task = self.app.tasks.get(entry.task)
         if task is not None:
             task.apply_async(args, kwargs, producer=producer, **options)

@@ -48,6 +48,10 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between attempts while the store is unreachable.
 RETRY_DELAY = 1.0
+#: While the store stays unreachable, the warning is repeated this often (seconds).
+STORE_DOWN_REPEAT = 30.0
+#: The exit status of a beat whose store can never work (sysexits.h's EX_CONFIG).
+EX_CONFIG = 78
 #: Occurrences per claim statement: a tick claims everything due in one round trip up to this.
 BATCH = 100_000
 #: How far ahead of its instant an occurrence is claimed: LEAD_MIN, plus CLAIM_COST per
@@ -117,6 +121,8 @@ class VoltroScheduler(beat.Scheduler):
     _dispatch: Dispatcher
     _clock: Clock
     _membership: Membership
+    #: What writes won occurrences to the broker (voltro_beat.testing records them instead).
+    publisher_class: type[Publisher] = Publisher
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self._configured = False
@@ -131,6 +137,8 @@ class VoltroScheduler(beat.Scheduler):
         self._lead = LEAD_MIN
         self._seq = itertools.count()
         self._store_down_since: datetime | None = None
+        #: When the store-down warning was last logged (time.monotonic()).
+        self._store_down_warned = 0.0
         #: The entries Celery's ``install_default_entries`` adds (see ``update_from_dict``).
         self._default_entries: dict[str, Mapping[str, Any]] = {}
         #: Heap items whose message templates are not built yet, soonest first.
@@ -149,10 +157,11 @@ class VoltroScheduler(beat.Scheduler):
     # -- set-up ---------------------------------------------------------------------------
 
     def setup_schedule(self) -> None:
-        """Parse settings and entries (raising ConfigurationError at boot) and open the store.
+        """Parse settings and entries (raising ConfigurationError at boot), open the store
+        and try it once (exiting if no retry can help it).
 
-        No connection is made here: the first tick upgrades the schema and catches up, and
-        retries both while the store is unreachable.
+        A store that is down (or restarting) is not waited for: the first tick upgrades the
+        schema and catches up, and retries both while the store is unreachable.
         """
         self._configure()
         if self._settings.log_json:
@@ -160,14 +169,32 @@ class VoltroScheduler(beat.Scheduler):
         if self._settings.metrics_port is not None:
             self._serve_metrics(self._settings.metrics_port)
         logger.info(
-            "voltro_beat: replica %s, store %s, coordination %s, %d schedules",
+            "voltro_beat: replica %s, store %s, coordination %s, %s",
             self._settings.replica,
             self._store.display_url,
             self._settings.coordination,
-            len(self._entries),
+            self._schedules_counted(),
         )
         for warning, line in retention.announce(self._retention):
             (logger.warning if warning else logger.info)("%s", line)
+        self._try_store()
+
+    def _try_store(self) -> None:
+        """Exit (EX_CONFIG) on a store error no retry cures: a wrong password, an unknown
+        database, host or role, a missing grant (with migrate, the schema upgrade is tried
+        too). Any other error is left to the first tick's fail-closed retry."""
+        database = self._store.database
+        try:
+            if self._settings.migrate:
+                database.upgrade()
+            else:
+                database.probe()
+        except StoreError as exc:
+            if exc.check is None:
+                return
+            logger.error("voltro_beat: cannot use the store, exiting: %s; check %s", exc, exc.check)
+            self.close()
+            raise SystemExit(EX_CONFIG) from None
 
     def _configure(self) -> None:
         if self._configured:
@@ -222,7 +249,7 @@ class VoltroScheduler(beat.Scheduler):
         self._membership = Membership(
             Registry(database), self._clock, settings, self._entries, version("voltro-beat")
         )
-        self._publisher = Publisher(self.app, write_timeout=self._write_timeout)
+        self._publisher = self.publisher_class(self.app, write_timeout=self._write_timeout)
         self._dispatch = Dispatcher(
             store, self._publisher, self._entries, self._lease, self._clock, self._metrics
         )
@@ -254,8 +281,15 @@ class VoltroScheduler(beat.Scheduler):
         return (
             f"voltro_beat: store {self._store.display_url}, "
             f"coordination {self._settings.coordination}, clock {self._clock.mode}, "
-            f"replica {self._settings.replica}, {len(self._entries)} schedules"
+            f"replica {self._settings.replica}, {self._schedules_counted()}"
         )
+
+    def _schedules_counted(self) -> str:
+        """The app's schedules, counted as its ``beat_schedule`` lists them; the entries
+        Celery adds (``celery.backend_cleanup``) named apart."""
+        own = len(self._entries) - len(self._default_entries)
+        added = ", ".join(sorted(self._default_entries))
+        return f"{own} schedules" + (f" (and Celery's {added})" if added else "")
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -304,6 +338,7 @@ class VoltroScheduler(beat.Scheduler):
         if self._store_down_since is not None:
             logger.warning("voltro_beat: store %s is reachable again", self._store.display_url)
             self._store_down_since = None
+            self._metrics.store_up(True)
         if self._unprepared:
             self._prepare_messages()
         return self._delay(clock.now())
@@ -335,7 +370,7 @@ class VoltroScheduler(beat.Scheduler):
         last = self._store.last_scheduled([e.name for e in entries])
         backfill: list[Occurrence] = []
         for entry in entries:
-            plan = catchup.plan(entry, last.get(entry.name), now)
+            plan = catchup.plan(entry, last.get(entry.name), now, on_time=self._lease)
             backfill += plan.occurrences
             if plan.unrecorded_until is not None:
                 logger.warning(
@@ -497,6 +532,7 @@ class VoltroScheduler(beat.Scheduler):
         # Sorted by key, every replica locks the keys in the same order: no deadlock between
         # claim statements.
         occurrences = sorted(self._apply_overlap(occurrences, now), key=lambda o: o.key)
+        recorded: dict[tuple[str, str, str | None], list[datetime]] = collections.defaultdict(list)
         for i in range(0, len(occurrences), BATCH):
             batch = occurrences[i : i + BATCH]
             with self._metrics.claim_statement():
@@ -516,7 +552,33 @@ class VoltroScheduler(beat.Scheduler):
                 if o.status == Status.CLAIMED:
                     heapq.heappush(self._ready, (o.scheduled_at, o.key, o))
                 else:
-                    logger.info("voltro_beat: %s recorded %s (%s)", o.key, o.status, o.reason)
+                    logger.debug("voltro_beat: %s recorded %s (%s)", o.key, o.status, o.reason)
+                    recorded[o.schedule, o.status, o.reason].append(o.scheduled_at)
+        # One line per schedule and fate (a catch-up after a long downtime records hundreds).
+        for (name, status, reason), instants in sorted(recorded.items()):
+            entry = self._entries[name]
+            policy = (
+                f"catch_up={entry.catch_up}"
+                if reason == Reason.CATCH_UP
+                else f"on_overlap={entry.on_overlap}"
+                if reason == Reason.OVERLAP or status == Status.QUEUED
+                else f"max_lateness={entry.max_lateness.total_seconds():g}s"
+            )
+            window = (
+                instants[0].isoformat()
+                if len(instants) == 1
+                else f"{min(instants).isoformat()} .. {max(instants).isoformat()}"
+            )
+            logger.info(
+                "voltro_beat: %s: %d %s recorded %s (%s), %s; %s",
+                name,
+                len(instants),
+                "occurrence" if len(instants) == 1 else "occurrences",
+                status,
+                reason,
+                window,
+                policy,
+            )
 
     # -- maintenance ----------------------------------------------------------------------
 
@@ -700,9 +762,18 @@ class VoltroScheduler(beat.Scheduler):
         now = self._clock.now()
         self._next_recovery = max(self._next_recovery, now + self._lease)
         self._metrics.store_error()
+        # A duration inside this process: the local monotonic clock.
         if self._store_down_since is None:
             self._store_down_since = now
+            self._store_down_warned = time.monotonic()
             logger.warning("voltro_beat: publishing nothing while the store is down: %s", exc)
+        elif time.monotonic() - self._store_down_warned >= STORE_DOWN_REPEAT:
+            self._store_down_warned = time.monotonic()
+            logger.warning(
+                "voltro_beat: store still down since %s, publishing nothing, retrying: %s",
+                self._store_down_since.isoformat(timespec="seconds"),
+                exc,
+            )
         else:
             logger.debug("voltro_beat: store still down: %s", exc)
 

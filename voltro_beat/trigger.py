@@ -2,8 +2,10 @@
 entry that says ``"trigger": "external"``, through ``voltro-beat trigger`` or its HTTP endpoint.
 
 The arrival, on the database's clock, is snapped back to the newest occurrence of the entry's
-own schedule at or before it (no further back than its ``max_lateness``). That occurrence is
-claimed through the claims table whatever the coordination, ``single`` included: the
+own schedule at or before it (no further back than its ``max_lateness``); an arrival at most
+``voltro_beat_max_clock_offset`` before an occurrence stands for it, and waits for its
+instant. That occurrence is claimed through the claims table whatever the coordination,
+``single`` included: the
 duplicate comes from the platform (a CronJob may create two Jobs for one scheduled time, a
 Job retries), not from a second replica. The winner publishes it through the dispatcher's
 fence, write and mark, as beat does, with the same key, task id and headers; its run row's
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -62,6 +65,7 @@ class Trigger:
         self.store = self._on_demand.store
         self._migrate = settings.migrate
         self._lease = settings.publish_timeout
+        self._early = settings.max_clock_offset
         self._lock = threading.Lock()
 
     @classmethod
@@ -89,7 +93,7 @@ class Trigger:
                 self.store.database.upgrade()
                 self._migrate = False
             at = self.store.database.time() if arrival is None else arrival
-            scheduled = catchup.last_due(entry, at)
+            scheduled = catchup.last_due(entry, at, early=self._early)
             if scheduled is None:
                 raise TooFar(
                     f"{name}: no occurrence within max_lateness ({entry.max_lateness}) at or "
@@ -104,6 +108,9 @@ class Trigger:
             fenced = self._on_demand.dispatch.fence([occurrence])
             if not fenced.runs:
                 raise TooFar(f"{occurrence.key}: its deadline passed while it was being claimed")
+            # An early arrival (see catchup.last_due) waits for the instant on the database's
+            # clock: never published before it.
+            time.sleep(max(0.0, self._on_demand.dispatch.until(fenced).total_seconds()))
             if not self._on_demand.dispatch.deliver([fenced]):
                 raise NotPublished(
                     f"{occurrence.key}: claimed, but the broker did not take it; a beat "

@@ -7,7 +7,8 @@ serve-trigger`` processes, a real worker, Redis, on PostgreSQL and on SQLite.
   ``external``;
 * an arrival too far from any occurrence exits 3 and records nothing;
 * a beat replica never fires an external entry, not even in its catch-up at boot;
-* the arrival snaps back to the newest occurrence: exactly on one, 1 ms before the next;
+* the arrival snaps back to the newest occurrence: exactly on one, 1 ms before the next less
+  the clock offset; an arrival 300 ms early stands for the coming one, sent at its instant;
 * HTTP: a missing or wrong token is 401 and publishes nothing; 404, 422, 202 and 200 as the
   docs say; the token appears in no line the server logged.
 """
@@ -204,6 +205,7 @@ def test_arrivals_snap_back_to_the_newest_occurrence(deployment: Deployments, st
             external("edge-on", "timedelta(hours=1)", **hourly),
             external("edge-next", "timedelta(hours=1)", **hourly),
             external("edge-far", "timedelta(hours=1)", max_lateness="600"),
+            external("edge-early", "timedelta(seconds=5)"),
         ]
     )
     dep.start_worker()
@@ -212,21 +214,32 @@ def test_arrivals_snap_back_to_the_newest_occurrence(deployment: Deployments, st
     try:
         hour = fire.store.database.time().replace(minute=0, second=0, microsecond=0)
         ms = timedelta(milliseconds=1)
+        offset = timedelta(seconds=1)  # voltro_beat_max_clock_offset
         on = fire.fire("edge-on", arrival=hour)
-        next_ = fire.fire("edge-next", arrival=hour + timedelta(hours=1) - ms)
+        # 1 ms before the next one less the clock offset: still this one.
+        next_ = fire.fire("edge-next", arrival=hour + timedelta(hours=1) - offset - ms)
         again = fire.fire("edge-on", arrival=hour + timedelta(minutes=30))
         with pytest.raises(TooFar):
             fire.fire("edge-far", arrival=hour + timedelta(minutes=10) + ms)
+        # A platform whose clock runs 300 ms ahead: its arrival is the coming occurrence
+        # (before the fix: the previous one, found claimed or too far, and this one got no
+        # row), published at its instant on the database's clock, not before.
+        now = fire.store.database.time()
+        coming = now.replace(microsecond=0) + timedelta(seconds=5 - now.second % 5)
+        early = fire.fire("edge-early", arrival=coming - 300 * ms)
     finally:
         fire.close()
     keys = [occurrence_key("edge-on", hour), occurrence_key("edge-next", hour)]
     assert [on.occurrence.key, next_.occurrence.key] == keys
     assert (on.published, next_.published, again.published) == (True, True, False)
     assert again.occurrence.key == keys[0]
+    assert (early.occurrence.key, early.published) == (occurrence_key("edge-early", coming), True)
+    keys.append(early.occurrence.key)
     dep.drain(keys)
     runs, executions = dep.runs(), dep.executions()
     check(problems_exactly_once(keys, runs, executions, outcome="external"), "snapped")
     assert sorted(runs) == sorted(keys)  # nothing of edge-far
+    assert runs[early.occurrence.key].published_at >= coming
 
 
 def wait_listening(port: int, dep: Deployment) -> None:

@@ -10,6 +10,7 @@ is checked to be CI's command (.ci/run) instead of being run again.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import signal
@@ -56,7 +57,18 @@ def test_the_readme_commands_are_the_quickstart_s_and_the_demo_runs_each_occurre
         ["./run", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
     )
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-    assert re.search(r"\d+ occurrences; won by .*; executed more than once: 0", demo.stdout)
+    summary = re.compile(r"^(\d+) occurrences; won by (.*); executed more than once: 0$", re.M)
+    ran = summary.search(demo.stdout)
+    assert ran, demo.stdout[-3000:]
+    # The page's sample line is a run's: the same replicas, counts that add up, and about as
+    # many occurrences as this run's (the demo's schedules fire the same number each run,
+    # give or take the boundaries of its window).
+    shown = summary.search(QUICKSTART.read_text())
+    assert shown, f"{QUICKSTART} shows no summary line of the demo"
+    wins = dict(re.findall(r"(\S+): (\d+)", shown[2]))
+    assert wins.keys() == dict(re.findall(r"(\S+): (\d+)", ran[2])).keys()
+    assert sum(map(int, wins.values())) == int(shown[1])
+    assert abs(int(shown[1]) - int(ran[1])) <= 0.2 * int(ran[1]), (shown[0], ran[0])
 
 
 def test_the_five_steps_run_a_worker_and_two_replicas_that_record_every_run(
@@ -110,3 +122,17 @@ def test_the_five_steps_run_a_worker_and_two_replicas_that_record_every_run(
     replicas = dict(re.findall(r"^│ (\S+:\d+) +│.*│ (yes|no) +│", output, flags=re.M))
     assert list(replicas.values()) == ["yes", "yes"], output
     assert {replica for _, _, replica in runs} <= replicas.keys()
+    # What the page shows is what this run printed: the same lines, the same columns.
+    shown = [body for info, body in parts()[1] if info == "text"]
+    assert shown[0].strip() in output
+    for title in ("_voltro_schedule_runs (4 newest)", "_voltro_beat_replicas (2)"):
+        assert headers(shown[1], title) == headers(output, title)[: len(headers(shown[1], title))]
+
+
+def headers(text: str, title: str) -> list[str]:
+    """The column names of the table titled ``title`` in ``text``, up to an elided one."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip() == title)
+    row = next(line for line in lines[at + 1 :] if line.startswith("┃"))
+    names = [cell.strip() for cell in row.strip("┃").split("┃")]
+    return list(itertools.takewhile(lambda name: "…" not in name, names))

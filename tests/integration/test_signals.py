@@ -31,7 +31,7 @@ from voltro_beat import signals as ledger_signals
 from voltro_beat.coordination import Coordination
 from voltro_beat.ledger import Event, RunState
 from voltro_beat.occurrences import Occurrence, task_id_for
-from voltro_beat.status import ON_WORKER, Status
+from voltro_beat.status import ON_WORKER, Reason, Status
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database
 from voltro_beat.store.run_writer import RunWriter
@@ -339,6 +339,25 @@ def test_worker_killed_mid_task_redelivered_then_success(
     assert row["started_at"] > first["started_at"]
     assert row["retries"] == 0
     assert ledger.runs(p) == 2
+
+
+def test_a_run_recorded_missed_that_then_executed_says_it_ran(ledger: Ledger, lane: Lane) -> None:
+    """Reasoning item of issue 18: a run sent but left unmarked (a kill, a failed mark) whose
+    deadline passed before its lease is recorded missed by recovery; its message still reaches
+    a worker, and the ledger must say what happened: it ran."""
+    schedule = f"missed-then-ran-{RUN}"
+    key = f"{schedule}@{SCHEDULED_AT:%Y-%m-%dT%H:%M:%S}"
+    p = Published(key, schedule, "ledger.ok", task_id_for(key), (schedule,))
+    occurrence = Occurrence(key, schedule, p.task, p.task_id, SCHEDULED_AT)
+    assert ledger.store.claim(
+        [occurrence], coordination=Coordination.ADVISORY_LOCK, lease=LEASE
+    ) == {key}
+    ledger.store.mark_missed([key], reason=Reason.LATE, waiting=Status.CLAIMED)
+    assert ledger.row(key)["status"] == "missed"
+    ledger.send(p, queue=lane.queue)
+    row = ledger.wait_status(p, "succeeded")
+    assert row["started_at"] <= row["finished_at"]
+    assert ledger.runs(p) == 1
 
 
 def test_unknown_task(ledger: Ledger, lane: Lane) -> None:

@@ -13,6 +13,7 @@ from voltro_beat.occurrences import next_after, occurrences_between
 from voltro_beat.schedules import parse_entries
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+ZERO = timedelta(0)
 
 
 def entry(schedule: object = 5.0, **keys: object):  # type: ignore[no-untyped-def]
@@ -33,12 +34,12 @@ def fates(made: Plan) -> list[tuple[datetime, str, str | None]]:
 
 
 def test_no_history_starts_from_now() -> None:
-    assert plan(entry(), None, NOW) == Plan([])
+    assert plan(entry(), None, NOW, on_time=ZERO) == Plan([])
 
 
 def test_latest_publishes_the_newest_and_records_the_rest_missed() -> None:
     # Last recorded 20 s ago; a 5 s interval has 15, 10, 5 and 0 s ago since then.
-    assert fates(plan(entry(catch_up="latest"), at(20), NOW)) == [
+    assert fates(plan(entry(catch_up="latest"), at(20), NOW, on_time=ZERO)) == [
         (at(15), "missed", "catch_up"),
         (at(10), "missed", "catch_up"),
         (at(5), "missed", "catch_up"),
@@ -47,13 +48,13 @@ def test_latest_publishes_the_newest_and_records_the_rest_missed() -> None:
 
 
 def test_skip_records_everything_missed() -> None:
-    fills = plan(entry(catch_up="skip"), at(20), NOW).occurrences
+    fills = plan(entry(catch_up="skip"), at(20), NOW, on_time=ZERO).occurrences
     assert [f.status for f in fills] == ["missed"] * 4
     assert {f.reason for f in fills} == {"catch_up"}
 
 
 def test_all_publishes_each_one() -> None:
-    fills = plan(entry(catch_up="all"), at(20), NOW).occurrences
+    fills = plan(entry(catch_up="all"), at(20), NOW, on_time=ZERO).occurrences
     assert [(f.scheduled_at, f.status) for f in fills] == [
         (at(15), "claimed"),
         (at(10), "claimed"),
@@ -64,17 +65,29 @@ def test_all_publishes_each_one() -> None:
 
 @pytest.mark.parametrize("policy", ["latest", "skip", "all"])
 def test_only_occurrences_within_max_lateness(policy: str) -> None:
-    fills = plan(entry(catch_up=policy, max_lateness=12), at(60), NOW).occurrences
+    fills = plan(entry(catch_up=policy, max_lateness=12), at(60), NOW, on_time=ZERO).occurrences
     assert [f.scheduled_at for f in fills] == [at(10), at(5), NOW]
+
+
+@pytest.mark.parametrize("policy", ["latest", "skip"])
+def test_an_occurrence_a_live_replica_still_covers_is_published(policy: str) -> None:
+    # Finding 8 of issue 18: booting while a live replica is about to claim the occurrences of
+    # the last 10 s (its lease), the booting replica must not record them missed.
+    assert fates(plan(entry(catch_up=policy), at(20), NOW, on_time=timedelta(seconds=10))) == [
+        (at(15), "missed", "catch_up"),
+        (at(10), "missed", "catch_up"),
+        (at(5), "claimed", None),
+        (NOW, "claimed", None),
+    ]
 
 
 def test_nothing_new_since_the_last_run() -> None:
     # Last recorded at 11:59:55; the next instant, 12:00:00, is not due at 11:59:59.
-    assert plan(entry(), at(5), at(1)) == Plan([])
+    assert plan(entry(), at(5), at(1), on_time=ZERO) == Plan([])
 
 
 def test_a_fast_schedule_keeps_only_the_newest_rows() -> None:
-    fills = plan(entry(1.0, catch_up="skip"), at(86_000), NOW).occurrences
+    fills = plan(entry(1.0, catch_up="skip"), at(86_000), NOW, on_time=ZERO).occurrences
     assert len(fills) == MAX_BACKFILL
     assert fills[-1].scheduled_at == NOW
     assert fills[0].scheduled_at == at(MAX_BACKFILL - 1)
@@ -88,7 +101,7 @@ def test_an_irregular_cron_is_walked_back_to_max_lateness() -> None:
     # max_lateness, though the typical gap (a minute) times the cap reaches back only 16 hours.
     now = datetime(2026, 3, 2, 8, 30, tzinfo=UTC)
     last = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
-    made = plan(entry("0-4 9 * * *", catch_up="skip"), last, now)
+    made = plan(entry("0-4 9 * * *", catch_up="skip"), last, now, on_time=ZERO)
     assert [o.scheduled_at for o in made.occurrences] == [
         datetime(2026, 3, 1, 9, minute, tzinfo=UTC) for minute in range(5)
     ]
@@ -97,7 +110,7 @@ def test_an_irregular_cron_is_walked_back_to_max_lateness() -> None:
 
 def test_minutes_one_and_two_of_every_hour_all_come_back() -> None:
     now = datetime(2026, 3, 2, 0, 0, tzinfo=UTC)
-    made = plan(entry("1,2 * * * *", catch_up="skip"), now - timedelta(days=1), now)
+    made = plan(entry("1,2 * * * *", catch_up="skip"), now - timedelta(days=1), now, on_time=ZERO)
     assert len(made.occurrences) == 48
 
 
@@ -123,18 +136,22 @@ IRREGULAR = st.tuples(
     st.sampled_from(["latest", "skip", "all"]),
     st.integers(1, 3 * 86_400),  # downtime, seconds
     st.integers(60, 2 * 86_400),  # max_lateness, seconds
+    st.integers(0, 600),  # on time (the lease), seconds
     st.datetimes(
         min_value=datetime(2024, 1, 1), max_value=datetime(2027, 1, 1), timezones=st.just(UTC)
     ),
 )
 def test_every_occurrence_inside_max_lateness_is_recorded_once(
-    expr: str, policy: str, down: int, lateness: int, now: datetime
+    expr: str, policy: str, down: int, lateness: int, on_time_s: int, now: datetime
 ) -> None:
     """Every occurrence in (last, now] within max_lateness is published or recorded missed,
-    none twice: all of them, or the newest MAX_BACKFILL and a bound that says what was not."""
+    none twice: all of them, or the newest MAX_BACKFILL and a bound that says what was not.
+    Those less than ``on_time`` old are published whatever the policy; of the others the
+    policy decides."""
     e = entry(expr, catch_up=policy, max_lateness=lateness)
     last = now - timedelta(seconds=down)
-    made = plan(e, last, now)
+    on_time = timedelta(seconds=on_time_s)
+    made = plan(e, last, now, on_time=on_time)
     window_start = max(last + timedelta(microseconds=1), now - e.max_lateness)
     expected = list(occurrences_between(e.spec, window_start, now + timedelta(microseconds=1)))
     got = [o.scheduled_at for o in made.occurrences]
@@ -145,8 +162,12 @@ def test_every_occurrence_inside_max_lateness_is_recorded_once(
         assert len(got) == MAX_BACKFILL
         assert got == expected[-MAX_BACKFILL:]
         assert made.unrecorded_until == expected[-MAX_BACKFILL - 1]
-    published = [o for o in made.occurrences if o.status == "claimed"]
-    assert len(published) == {"all": len(got), "latest": min(1, len(got)), "skip": 0}[policy]
+    published = [o.scheduled_at for o in made.occurrences if o.status == "claimed"]
+    recent = [at for at in got if at > now - on_time]
+    assert set(recent) <= set(published)
+    assert published == got[len(got) - len(published) :]  # the newest ones
+    expected_sent = {"all": len(got), "latest": min(len(got), max(1, len(recent))), "skip": 0}
+    assert len(published) == max(len(recent), expected_sent[policy])
     assert all(o.reason == "catch_up" for o in made.occurrences if o.status == "missed")
 
 
@@ -170,27 +191,45 @@ def test_an_arrival_snaps_back_to_the_newest_occurrence(
     after = next_after(e.spec, occurrence)
     assert after is not None
     # Exactly on the occurrence, just after it, and 1 ms before the next one: all that one.
-    assert last_due(e, occurrence) == occurrence
-    assert last_due(e, occurrence + MS) == occurrence
-    assert last_due(e, after - MS) == occurrence
+    assert last_due(e, occurrence, early=ZERO) == occurrence
+    assert last_due(e, occurrence + MS, early=ZERO) == occurrence
+    assert last_due(e, after - MS, early=ZERO) == occurrence
     # On the next one: the next one.
-    assert last_due(e, after) == after
+    assert last_due(e, after, early=ZERO) == after
+
+
+def test_an_early_arrival_stands_for_the_occurrence_it_precedes() -> None:
+    # Issue 18: a platform whose clock runs ahead of the database's fires a little early; that
+    # arrival is the coming occurrence (the trigger waits for it), not the previous one.
+    e = entry(3600, max_lateness=timedelta(hours=7))
+    occurrence = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    second = timedelta(seconds=1)
+    assert last_due(e, occurrence - 300 * MS, early=second) == occurrence
+    assert last_due(e, occurrence - second, early=second) == occurrence
+    assert last_due(e, occurrence - second - MS, early=second) == occurrence - timedelta(hours=1)
+    assert last_due(e, occurrence + MS, early=second) == occurrence
+    once = entry(occurrence)
+    assert last_due(once, occurrence - 300 * MS, early=second) == occurrence
+    # A cadence shorter than the offset: the nearer occurrence.
+    fast = entry(1.0)
+    assert last_due(fast, occurrence + 300 * MS, early=second) == occurrence
+    assert last_due(fast, occurrence + 700 * MS, early=second) == occurrence + second
 
 
 def test_an_arrival_beyond_max_lateness_stands_for_nothing() -> None:
     occurrence = datetime(2026, 3, 1, 11, 0, tzinfo=UTC)
     e = entry(3600, max_lateness=timedelta(minutes=10))
-    assert last_due(e, occurrence + timedelta(minutes=10)) == occurrence
-    assert last_due(e, occurrence + timedelta(minutes=10) + MS) is None
-    assert last_due(e, occurrence + timedelta(minutes=59, seconds=59)) is None
+    assert last_due(e, occurrence + timedelta(minutes=10), early=ZERO) == occurrence
+    assert last_due(e, occurrence + timedelta(minutes=10) + MS, early=ZERO) is None
+    assert last_due(e, occurrence + timedelta(minutes=59, seconds=59), early=ZERO) is None
 
 
 def test_an_arrival_before_a_one_off_stands_for_nothing() -> None:
     once = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
     e = entry(once)
-    assert last_due(e, once - MS) is None
-    assert last_due(e, once + timedelta(hours=23)) == once
-    assert last_due(e, once + timedelta(days=1, milliseconds=1)) is None
+    assert last_due(e, once - MS, early=ZERO) is None
+    assert last_due(e, once + timedelta(hours=23), early=ZERO) == once
+    assert last_due(e, once + timedelta(days=1, milliseconds=1), early=ZERO) is None
 
 
 @settings(max_examples=200, deadline=None)
@@ -204,7 +243,7 @@ def test_last_due_is_the_newest_occurrence_within_max_lateness(
 ) -> None:
     e = entry(every_s, max_lateness=lateness_s)
     arrival = NOW + timedelta(milliseconds=offset_ms)
-    found = last_due(e, arrival)
+    found = last_due(e, arrival, early=ZERO)
     window = list(
         occurrences_between(e.spec, arrival - timedelta(seconds=lateness_s), arrival + MS)
     )

@@ -81,7 +81,11 @@ def test_defaults_to_ten_instants_from_now() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["61 * * * *"], "schedule 'preview', field 'schedule': unparsable cron expression"),
+        (
+            ["61 * * * *"],
+            "schedule 'preview', field 'schedule': cron expression '61 * * * *': minute 61 in "
+            "'61' is out of range (0-59)",
+        ),
         (["* * *"], "schedule 'preview', field 'schedule'"),
         (["0"], "schedule 'preview', field 'schedule': the interval must be positive"),
         (["0 * * * *", "--tz", "Mars/Olympus"], "schedule 'preview', field 'tz'"),

@@ -89,3 +89,11 @@ def test_enable_utc_off_without_timezone_is_the_hosts_zone() -> None:
     app = Celery("tz", set_as_current=False)
     app.conf.enable_utc = False
     assert Settings.from_config(app.conf, environ={}).timezone == tzlocal.get_localzone_name()
+
+
+@pytest.mark.parametrize("zone", ["Europe/Pariss", "UTC+2", "../etc/passwd"])
+def test_an_unknown_app_time_zone_names_the_setting(zone: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Settings.from_config({"timezone": zone}, environ={})
+    assert info.value.field == "timezone"
+    assert f"unknown time zone {zone!r}" in str(info.value)

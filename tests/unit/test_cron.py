@@ -24,10 +24,13 @@ HOUR = timedelta(hours=1)
 AFTER = datetime(2024, 5, 14, 10, 17, 23, 456_789, tzinfo=UTC)
 
 
-def field(low: int, high: int, names: tuple[str, ...] = ()) -> st.SearchStrategy[str]:
+def field(
+    low: int, high: int, names: tuple[str, ...] = (), *, span: int | None = None
+) -> st.SearchStrategy[str]:
     value = st.integers(low, high)
     bounds = st.tuples(value, value).map(sorted)
-    step = st.integers(1, high - low + 1)
+    # Steps beyond the field's span are refused (test_a_step_or_value_out_of_range_...).
+    step = st.integers(1, high - low if span is None else span)
     plain = st.one_of(
         st.just("*"),
         step.map(lambda k: f"*/{k}"),
@@ -45,7 +48,7 @@ EXPRESSIONS = st.tuples(
     # The 29th to 31st, which some months lack, on their own too.
     st.one_of(field(1, 31), st.sampled_from(["29", "30", "31", "30,31", "29-31"])),
     field(1, 12, ("jan", "feb", "feb,aug", "nov-dec")),
-    field(0, 7, ("mon-fri", "sat,sun", "7", "5-7")),
+    field(0, 7, ("mon-fri", "sat,sun", "7", "5-7"), span=6),
 ).map(" ".join)
 SECONDS = field(0, 59)
 WALLS = st.datetimes(min_value=datetime(1990, 1, 1), max_value=datetime(2090, 1, 1))
@@ -142,6 +145,37 @@ def test_equal_definitions_share_one_spec_object() -> None:
     assert len({id(e.spec) for e in strings}) == 1
     # Celery's AND day matching vs cron's OR: equal text, different specs.
     assert crontabs[0].spec != strings[0].spec
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("*/61 * * * *", "minute step 61 in '*/61' is out of range (1-59)"),
+        ("0-59/60 * * * *", "minute step 60 in '0-59/60' is out of range (1-59)"),
+        ("*/90 * * * * *", "second step 90 in '*/90' is out of range (1-59)"),
+        ("0 */24 * * *", "hour step 24 in '*/24' is out of range (1-23)"),
+        ("0 0 */32 * *", "day-of-month step 32 in '*/32' is out of range (1-30)"),
+        ("0 0 * */12 *", "month step 12 in '*/12' is out of range (1-11)"),
+        ("0 0 * * */7", "day-of-week step 7 in '*/7' is out of range (1-6)"),
+        ("5-70 * * * *", "minute 70 in '5-70' is out of range (0-59)"),
+        ("0 1,25 * * *", "hour 25 in '25' is out of range (0-23)"),
+        ("0 0 0 * *", "day-of-month 0 in '0' is out of range (1-31)"),
+        ("0 0 * 13 *", "month 13 in '13' is out of range (1-12)"),
+        ("0 0 * * 1-8", "day-of-week 8 in '1-8' is out of range (0-7)"),
+        ("61 0 0 * * *", "second 61 in '61' is out of range (0-59)"),
+    ],
+)
+def test_a_step_or_value_out_of_range_names_its_field(expr: str, message: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        parse_entries({"e": {"task": "t", "schedule": expr}}, tz=None, max_lateness=HOUR)
+    assert str(info.value) == f"schedule 'e', field 'schedule': cron expression {expr!r}: {message}"
+
+
+@pytest.mark.parametrize(
+    "expr", ["*/59 * * * *", "30-10 * * * *", "0 0 * * 7", "0 0 1 jan-dec mon-fri", "0 0 L * *"]
+)
+def test_steps_and_values_within_range_are_accepted(expr: str) -> None:
+    parse_entries({"e": {"task": "t", "schedule": expr}}, tz=None, max_lateness=HOUR)
 
 
 @pytest.mark.parametrize("value", ["61 * * * *", "0 0 31 2 *", "@often", "* * *"])

@@ -4,7 +4,9 @@ registration; disagreements and armed policies said in exact boot lines; the swe
 from __future__ import annotations
 
 import itertools
+import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,7 @@ RUNS = "_voltro_schedule_runs"
 FRAMEWORK = Registration(CLAIMS, "claimed_at", timedelta(hours=24), "framework")
 PLUGIN = Registration(CLAIMS, "claimed_at", timedelta(hours=6), "plugin")
 APP = Registration(CLAIMS, "claimed_at", timedelta(hours=1), "app")
+OPERATIONS = Path(__file__).parents[2] / "docs" / "operations.md"
 PRECEDENCE = "An app registration wins over a plugin's, and a plugin's over a framework default."
 
 
@@ -78,6 +81,13 @@ def test_within_one_source_the_later_registration_wins() -> None:
         f"! {CLAIMS}: two registrations — kept the app's 1h, dropped the app's 2h. "
         "A later registration from one source replaces an earlier one."
     )
+
+
+def test_the_boot_lines_docs_operations_shows_are_these() -> None:
+    runs = Registration(RUNS, "scheduled_at", timedelta(days=30), "framework")
+    shown = re.search(r"^```\n(retention: .*?)^```", OPERATIONS.read_text(), flags=re.S | re.M)
+    assert shown, f"{OPERATIONS} shows no retention boot lines"
+    assert shown[1].splitlines() == [line for _, line in announce(resolve([FRAMEWORK, runs, APP]))]
 
 
 def test_boot_lines() -> None:

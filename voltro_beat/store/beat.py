@@ -26,7 +26,7 @@ from voltro_beat.occurrences import Occurrence
 from voltro_beat.status import KEPT_BY_RETENTION, Reason, Status
 from voltro_beat.store import postgresql
 from voltro_beat.store.database import SQLITE_CHUNK, Database, chunks
-from voltro_beat.store.tables import LIVE, claims, metadata, replicas, runs
+from voltro_beat.store.tables import LIVE, RUNS, claims, metadata, replicas, runs, watermarks
 
 #: SQLite's clock as the statement runs (see voltro_beat.store.database).
 _SQLITE_NOW: sa.ColumnElement[Any] = sa.func.voltro_now()
@@ -153,6 +153,11 @@ class BeatStore:
         won: set[str] = set()
         with self.database.connect() as conn, conn.begin():
             now = self.database.clock()  # see _now()
+            floor = conn.execute(
+                sa.select(watermarks.c.before).where(watermarks.c.name == RUNS)
+            ).scalar()
+            if floor is not None:  # see _raise_watermark
+                occurrences = [o for o in occurrences if o.scheduled_at >= floor]
             for chunk in chunks(occurrences, SQLITE_CHUNK):
                 if gated:
                     rows = [
@@ -636,7 +641,31 @@ class BeatStore:
                 if len(key) == 1
                 else sa.tuple_(*key).in_(doomed)
             )
-            return int(conn.execute(sa.delete(target).where(where)).rowcount)
+            if target is not runs:
+                return int(conn.execute(sa.delete(target).where(where)).rowcount)
+            # The run row is the long fence (guarantee 4): in the same transaction, no claim
+            # of an occurrence as old as one swept goes in any more, whatever the time column
+            # and the retention of the replica that claims.
+            swept = list(
+                conn.execute(sa.delete(runs).where(where).returning(runs.c.scheduled_at)).scalars()
+            )
+            if swept:
+                self._raise_watermark(conn, max(swept) + timedelta(microseconds=1))
+            return len(swept)
+
+    def _raise_watermark(self, conn: sa.Connection, before: datetime) -> None:
+        """Refuse from now on the claims of occurrences older than ``before`` (never lowered)."""
+        values = {"name": RUNS, "before": before}
+        if self.database.dialect == "postgresql":
+            pg = postgresql_insert(watermarks).values(values)
+            newer = sa.func.greatest(watermarks.c.before, pg.excluded.before)
+            conn.execute(pg.on_conflict_do_update(index_elements=["name"], set_={"before": newer}))
+        else:
+            lite = sqlite_insert(watermarks).values(values)
+            newer = sa.func.max(watermarks.c.before, lite.excluded.before)
+            conn.execute(
+                lite.on_conflict_do_update(index_elements=["name"], set_={"before": newer})
+            )
 
     def _table(self, conn: sa.Connection, name: str) -> sa.Table:
         """voltro_beat's own table ``name``, or an app's, read from the database once."""

@@ -8,6 +8,7 @@ Each process side (beat's :class:`~voltro_beat.store.beat.BeatStore`, the worker
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -120,8 +121,16 @@ class Database:
             raise self.error(exc) from exc
 
     def error(self, exc: BaseException) -> StoreError:
-        """``exc`` (a driver error) as the :class:`StoreError` voltro_beat raises."""
-        return StoreError(f"store {self.display_url}: {first_line(exc)}")
+        """``exc`` (a driver error) as the :class:`StoreError` voltro_beat raises, with what to
+        check if it is permanent (:data:`PERMANENT`)."""
+        line = first_line(exc)
+        return StoreError(f"store {self.display_url}: {line}", check=_permanent(exc, line))
+
+    def probe(self) -> None:
+        """One statement: raises :class:`StoreError` (its ``check`` set if no retry would
+        help) if the store cannot be used."""
+        with self.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
 
     def now(self) -> Any:
         """The store's clock for a statement: PostgreSQL's ``clock_timestamp()``, read as the
@@ -164,6 +173,36 @@ class Database:
     def dispose(self, *, close: bool = True) -> None:
         """Close the pool. ``close=False`` in a forked child: the sockets are the parent's."""
         self.engine.dispose(close=close)
+
+
+#: Errors no retry cures: (SQLSTATE, else a pattern of the message, what to check). libpq
+#: refuses a connection without a SQLSTATE, so a refused connection is told by the server's
+#: message (in English unless the server's lc_messages says otherwise: a message in another
+#: language is taken for transient, retried and warned about).
+PERMANENT: tuple[tuple[str | None, str, str], ...] = (
+    ("28P01", r"password authentication failed", "the user name and password in the URL"),
+    ("28000", r"role \S+ does not exist", "the user name in the URL (the role must exist)"),
+    ("28000", r"no pg_hba\.conf entry", "pg_hba.conf on the server allows this role and host"),
+    ("3D000", r"database \S+ does not exist", "the database name in the URL (create it first)"),
+    (
+        "42501",
+        r"permission denied",
+        "the role's grants (docs/deployment.md, least-privilege roles)",
+    ),
+    # A typo in the host name, most often; a DNS outage at boot is left to the supervisor's
+    # restart (docs/operations.md).
+    (None, r"failed to resolve host|could not translate host name", "the host name in the URL"),
+    (None, r"unable to open database file", "the SQLite file's directory exists and is writable"),
+)
+
+
+def _permanent(exc: BaseException, line: str) -> str | None:
+    """What to check, if ``exc`` is one of :data:`PERMANENT`; None for a transient error."""
+    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    for code, pattern, check in PERMANENT:
+        if (code is not None and sqlstate == code) or re.search(pattern, line):
+            return check
+    return None
 
 
 def first_line(exc: BaseException) -> str:

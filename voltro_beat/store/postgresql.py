@@ -12,17 +12,20 @@ database's clock when the statement runs, never a value a replica computed befor
 from __future__ import annotations
 
 from voltro_beat.status import Status
-from voltro_beat.store.tables import CLAIMS, RUNS
+from voltro_beat.store.tables import CLAIMS, RUNS, WATERMARKS
 
 _CLAIMED = f"'{Status.CLAIMED}'"
 _PUBLISHED = f"'{Status.PUBLISHED}'"
 
-_INPUT = """
+_INPUT = f"""
 WITH input AS (
     SELECT e->>0 AS id, e->>1 AS schedule, e->>2 AS task, e->>3 AS task_id,
            CAST(e->>4 AS timestamptz) AS scheduled_at, e->>5 AS status, e->>6 AS reason,
            CAST(e->>7 AS timestamptz) AS prune_before, CAST(e->>8 AS timestamptz) AS deadline
     FROM json_array_elements(CAST(:rows AS json)) AS e
+    -- Older than a run row the retention swept: refused (BeatStore.delete_expired).
+    WHERE CAST(e->>4 AS timestamptz) >= COALESCE(
+        (SELECT w.before FROM {WATERMARKS} w WHERE w.name = '{RUNS}'), '-infinity')
 )"""
 
 # A claimed row's lease runs from its instant (claimed ahead) or from now (claimed late).

@@ -15,7 +15,7 @@ from voltro_beat.exceptions import StoreError
 from voltro_beat.status import Reason, Status, sql_in
 from voltro_beat.store.database import SQLITE_CHUNK, Database, chunks
 from voltro_beat.store.migrations import runner as migrations
-from voltro_beat.store.tables import CLAIMS, REPLICAS, RUNS, claims, runs
+from voltro_beat.store.tables import CLAIMS, REPLICAS, RUNS, claims, runs, watermarks
 from voltro_beat.tally import Tally, tally
 
 #: The tables every command reads; a store without them needs ``voltro-beat db upgrade``.
@@ -187,6 +187,14 @@ def recorded_keys(
     )
     with database.connect() as conn:
         return set(conn.execute(stmt).scalars())
+
+
+def swept_before(database: Database) -> datetime | None:
+    """The instant before which the runs retention may have removed run rows (claims of older
+    occurrences are refused, see BeatStore.delete_expired); None while it removed none."""
+    stmt = sa.select(watermarks.c.before).where(watermarks.c.name == RUNS)
+    with database.connect() as conn:
+        return conn.execute(stmt).scalar()
 
 
 def recent_claims(
