@@ -1,5 +1,6 @@
 """A bad configuration stops ``celery beat -S voltro`` at boot, before anything is published,
-with a message that names the entry or the setting to fix.
+with exit code 78 and one block on the log that names the entry or the setting to fix; the
+traceback only at ``--loglevel debug``.
 
 Each case also carries a valid every-second entry, so a beat that got past boot would leave
 run rows and messages behind within a second. The cases are independent (a database and a
@@ -41,6 +42,8 @@ class Case:
     store: str = "postgresql"
     #: Every one of these must appear in beat's output.
     says: tuple[str, ...] = ()
+    #: Beat's ``--loglevel``: only ``debug`` shows the traceback.
+    loglevel: str = "info"
 
 
 CASES = {
@@ -76,7 +79,18 @@ CASES = {
         says=("voltro_beat_coordination", "'leader'"),
     ),
     "store-dialect-typo": Case(store="typo", says=("voltro_beat_store_url", "postgresq+psycopg")),
+    "unparsable-cron-at-debug": Case(
+        Sched("bad-cron", '"61 * * * *"'),
+        says=("'bad-cron'", "Traceback (most recent call last)", "ConfigurationError"),
+        loglevel="debug",
+    ),
 }
+#: The block beat logs, around the error's own message.
+BLOCK = (
+    "CRITICAL/MainProcess] voltro_beat: beat did not start: the configuration is invalid.\n"
+    "    ConfigurationError: ",
+    "    Fix the entry or setting it names; run beat with --loglevel debug for the traceback.",
+)
 
 
 @dataclass(frozen=True)
@@ -111,7 +125,14 @@ def _launch(
     store_url = sqlalchemy_url(db)
     if case.store == "typo":
         store_url = store_url.replace("postgresql+", "postgresq+", 1)
-    dep = Deployment(workdir, procs, store_url=store_url, broker_url=REDIS_URL, exec_dsn=db)
+    dep = Deployment(
+        workdir,
+        procs,
+        store_url=store_url,
+        broker_url=REDIS_URL,
+        exec_dsn=db,
+        loglevel=case.loglevel,
+    )
     stack.callback(dep.delete_queue)
     dep.create_executions_table()
     dep.configure(
@@ -144,9 +165,12 @@ def test_bad_configuration_exits_at_boot_naming_the_culprit(
     result, case = results[name], CASES[name]
     tail = "\n".join(result.output.splitlines()[-25:])
     assert result.code is not None, f"beat did not exit at boot:\n{tail}"
-    assert result.code != 0, tail
+    assert result.code == 78, tail
     missing = [s for s in case.says if s not in result.output]
     assert not missing, f"beat's output does not name {missing}:\n{tail}"
-    assert "ConfigurationError" in result.output, tail
+    assert all(part in result.output for part in BLOCK), tail
+    assert result.output.count("CRITICAL") == 1, tail
+    if case.loglevel != "debug":
+        assert "Traceback" not in result.output, tail
     assert "Sent due task" not in result.output, tail
     assert (result.queued, result.executions, result.runs) == (0, 0, 0)

@@ -34,7 +34,7 @@ def site(seeded: Seeded, workdir: Path, procs: ProcessSet) -> SqladminSite:
     root = workdir / "sqladmin"
     root.mkdir()
     return SqladminSite.start(
-        root, procs, seeded.store_url, args=("--celery-app", APP), env=seeded.env
+        root, procs, seeded.store_url, args=("-A", APP), env=seeded.env
     )
 
 
