@@ -10,6 +10,7 @@ queue each) and run side by side: a beat process spends seconds just importing.
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -22,6 +23,7 @@ import pytest
 from vbt_harness import (
     EVERY_SECOND,
     REDIS_URL,
+    ROOT,
     Deployment,
     ProcessSet,
     Sched,
@@ -174,3 +176,16 @@ def test_bad_configuration_exits_at_boot_naming_the_culprit(
         assert "Traceback" not in result.output, tail
     assert "Sent due task" not in result.output, tail
     assert (result.queued, result.executions, result.runs) == (0, 0, 0)
+
+
+def test_the_operations_page_shows_what_beat_prints(results: dict[str, Result]) -> None:
+    """docs/operations.md's example is the unparsable-cron case's block, timestamp aside."""
+    page = (ROOT / "docs" / "operations.md").read_text()
+    shown = re.search(r"A bad entry looks like this.*?```text\n(.*?)```", page, flags=re.S)
+    assert shown, "docs/operations.md has no example of a bad entry"
+
+    def block(text: str) -> str:
+        start = text.index("CRITICAL/MainProcess]")
+        return text[start : text.index("traceback.", start) + len("traceback.")]
+
+    assert block(shown.group(1)) == block(results["unparsable-cron"].output)
