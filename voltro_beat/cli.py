@@ -346,6 +346,7 @@ def admin(store_url: str, host: str, port: int, no_auth: bool) -> None:
             f"the admin needs the sqladmin extra: pip install 'voltro-beat[sqladmin]' ({exc})"
         ) from None
     with _errors():
+        _existing(Database.open(store_url)).dispose()  # it only reads: never creates a store
         app = server.create_app(
             store_url,
             server.login_from_environment(host, no_auth=no_auth),

@@ -87,7 +87,9 @@ def test_every_command_that_reads_the_app_takes_a_and_app(command: list[str]) ->
 
 
 @pytest.mark.parametrize(
-    "command", [["status"], ["runs"], ["claims"], ["replicas"], ["db", "check"]], ids=" ".join
+    "command",
+    [["status"], ["runs"], ["claims"], ["replicas"], ["db", "check"], ["admin", "--no-auth"]],
+    ids=" ".join,
 )
 def test_a_command_that_reads_creates_no_store(
     command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
