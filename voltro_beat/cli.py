@@ -8,18 +8,20 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import click
 from celery import Celery
+from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from voltro_beat.config import DEFAULT_STORE_URL, Settings
 from voltro_beat.contrib.display import STUCK_AFTER
-from voltro_beat.cron import MICROSECOND
+from voltro_beat.cron import MICROSECOND, CronSpec
 from voltro_beat.dispatch import CHUNK
 from voltro_beat.exceptions import ConfigurationError, PublishError, StoreError
 from voltro_beat.occurrences import (
@@ -40,13 +42,57 @@ from voltro_beat.store.registry import Registry
 
 
 @click.group()
+@click.version_option(package_name="voltro-beat", message="voltro-beat %(version)s")
 def main() -> None:
     """voltro_beat: active-active Celery beat."""
 
 
+def _app_option(*, required: bool = False) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """``-A/--app`` as ``celery -A`` takes it (``proj``, ``proj.celery:app``; env
+    VOLTRO_BEAT_CELERY_APP): loaded before the other options, left in ``click.Context.meta``.
+    ``--celery-app`` is its older spelling."""
+    return click.option(
+        "-A",
+        "--app",
+        "--celery-app",
+        "app_name",
+        envvar="VOLTRO_BEAT_CELERY_APP",
+        required=required,
+        expose_value=False,
+        is_eager=True,
+        callback=_load_app,
+        help="The Celery app (proj, proj.celery:app; env VOLTRO_BEAT_CELERY_APP): its "
+        "voltro_beat_* settings and its beat_schedule.",
+    )
+
+
+def _load_app(ctx: click.Context, _param: click.Parameter, name: str | None) -> None:
+    if name is None:
+        return
+    try:
+        ctx.meta[_APP] = load_app(name)
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from None
+    ctx.meta[_APP_NAME] = name
+
+
+#: Where ``-A`` leaves the loaded app, and the name it was given, for the command
+#: (``click.Context.meta``).
+_APP = "voltro_beat.app"
+_APP_NAME = "voltro_beat.app_name"
+
+
+def _app() -> Celery | None:
+    app: Celery | None = click.get_current_context().meta.get(_APP)
+    return app
+
+
 @main.command()
 @click.argument("schedule")
-@click.option("--tz", "zone", default=None, help="Zone the schedule runs in (default UTC).")
+@_app_option()
+@click.option(
+    "--tz", "zone", default=None, help="Zone the schedule runs in (default UTC, or the app's)."
+)
 @click.option(
     "-n",
     "count",
@@ -65,11 +111,22 @@ def preview(schedule: str, zone: str | None, count: int, name: str, after: str |
     """Print the next occurrences of SCHEDULE (local and UTC) with their keys.
 
     SCHEDULE is a cron expression (5 fields, 6 with seconds first, or a macro such as
-    @hourly) or a number of seconds for an interval anchored to the Unix epoch.
+    @hourly) or a number of seconds for an interval anchored to the Unix epoch. With -A proj
+    it may also name an entry of the app's beat_schedule (its own schedule and zone), and an
+    expression runs in the app's time zone unless --tz says otherwise.
     """
+    app = _app()
     try:
+        spec: Spec | None = None
+        if app is not None:
+            settings, entries = schedule_of(app)
+            if schedule in entries:
+                name, spec = schedule, entries[schedule].spec
+                zone = zone or (spec.tz if isinstance(spec, CronSpec) else None)
+            zone = zone or settings.timezone
         check_name(name)
-        spec = _preview_spec(schedule, name, zone)
+        if spec is None:
+            spec = _preview_spec(schedule, name, zone)
         instant: datetime | None = _start(after, zone)
         instants: list[tuple[datetime, str]] = []
         while len(instants) < count and instant is not None:
@@ -119,8 +176,9 @@ def _start(after: str | None, zone: str | None) -> datetime:
 
 
 def _store_option(command: Callable[..., None]) -> Callable[..., None]:
-    """``-A proj`` and ``--store URL``: the store is the app's ``voltro_beat_store_url``, else
-    ``--store``, else ``VOLTRO_BEAT_STORE_URL``, else the embedded default."""
+    """``-A proj`` and ``--store URL``: the store is ``--store`` when given on the command
+    line, else the app's ``voltro_beat_store_url``, else ``VOLTRO_BEAT_STORE_URL``, else the
+    embedded default (beat's own order, with an explicit flag first)."""
     command = click.option(
         "--store",
         "store_url",
@@ -128,37 +186,18 @@ def _store_option(command: Callable[..., None]) -> Callable[..., None]:
         default=DEFAULT_STORE_URL,
         show_default=True,
         callback=_app_store,
-        help="Store URL (env VOLTRO_BEAT_STORE_URL), unless the app (-A) sets one.",
+        help="Store URL; without it the app's (-A) voltro_beat_store_url, else env "
+        "VOLTRO_BEAT_STORE_URL.",
     )(command)
-    return click.option(
-        "-A",
-        "--app",
-        "app_name",
-        default=None,
-        expose_value=False,
-        is_eager=True,
-        callback=_load_app,
-        help="The Celery app (proj, proj.celery:app): its voltro_beat_* settings and schedules.",
-    )(command)
+    return _app_option()(command)
 
 
-def _load_app(ctx: click.Context, _param: click.Parameter, name: str | None) -> None:
-    if name is None:
-        return
-    try:
-        ctx.meta[_APP] = load_app(name)
-    except ConfigurationError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def _app_store(ctx: click.Context, _param: click.Parameter, url: str) -> str:
+def _app_store(ctx: click.Context, param: click.Parameter, url: str) -> str:
+    if param.name and ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE:
+        return url
     app = ctx.meta.get(_APP)
     configured = None if app is None else app.conf.get("voltro_beat_store_url")
     return str(configured) if configured else url
-
-
-#: Where ``-A`` leaves the loaded app for the command (``click.Context.meta``).
-_APP = "voltro_beat.app"
 
 
 @main.group()
@@ -218,6 +257,8 @@ def runs(
             since=None if since is None else _instant(since, "--since", database),
             until=None if until is None else _instant(until, "--until", database),
         )
+        if schedule is not None and not rows:
+            _known_schedule(schedule, database)
     for row in rows:
         row["lag"] = _lag(row)
     if as_json:
@@ -291,11 +332,6 @@ def replicas(store_url: str, max_offset: float) -> None:
     help="Serve without a login (only with a loopback --host).",
 )
 @click.option(
-    "--celery-app",
-    default=None,
-    help='The Celery app ("proj.celery:app") whose beat_schedule the schedules page reads.',
-)
-@click.option(
     "--stuck-after",
     envvar="VOLTRO_BEAT_ADMIN_STUCK_AFTER",
     default=STUCK_AFTER.total_seconds(),
@@ -303,18 +339,12 @@ def replicas(store_url: str, max_offset: float) -> None:
     type=click.FloatRange(min=0, min_open=True),
     help="Mark a run stuck when it is on a worker this many seconds and not finished.",
 )
-def admin(
-    store_url: str,
-    host: str,
-    port: int,
-    no_auth: bool,
-    celery_app: str | None,
-    stuck_after: float,
-) -> None:
+def admin(store_url: str, host: str, port: int, no_auth: bool, stuck_after: float) -> None:
     """Serve read-only admin pages of the run and claims tables (sqladmin).
 
-    The login is VOLTRO_BEAT_ADMIN_USER / VOLTRO_BEAT_ADMIN_PASSWORD from the environment;
-    without them the command refuses to start, unless told --no-auth on a loopback address.
+    With -A proj the schedules page shows each entry's next occurrences. The login is
+    VOLTRO_BEAT_ADMIN_USER / VOLTRO_BEAT_ADMIN_PASSWORD from the environment; without them
+    the command refuses to start, unless told --no-auth on a loopback address.
     """
     try:
         import uvicorn
@@ -325,10 +355,11 @@ def admin(
             f"the admin needs the sqladmin extra: pip install 'voltro-beat[sqladmin]' ({exc})"
         ) from None
     with _errors():
+        _existing(Database.open(store_url)).dispose()  # it only reads: never creates a store
         app = server.create_app(
             store_url,
             server.login_from_environment(host, no_auth=no_auth),
-            celery_app=celery_app,
+            celery_app=click.get_current_context().meta.get(_APP_NAME),
             stuck_after=timedelta(seconds=stuck_after),
         )
     click.echo(f"voltro_beat admin of {hide_password(store_url)} on http://{host}:{port}/admin/")
@@ -340,23 +371,10 @@ EXIT_TOO_FAR = 3
 EXIT_NOT_PUBLISHED = 4
 
 
-def _celery_app_option(command: Callable[..., None]) -> Callable[..., None]:
-    return click.option(
-        "-A",
-        "--app",
-        "--celery-app",
-        "celery_app",
-        envvar="VOLTRO_BEAT_CELERY_APP",
-        required=True,
-        help='The Celery app ("proj.celery:app") whose beat_schedule holds the entry '
-        "(env VOLTRO_BEAT_CELERY_APP).",
-    )(command)
-
-
 @main.command()
 @click.argument("name")
-@_celery_app_option
-def trigger(name: str, celery_app: str) -> None:
+@_app_option(required=True)
+def trigger(name: str) -> None:
     """Fire the external entry NAME now (for a platform's scheduler: a CronJob's command).
 
     The arrival snaps back to the newest occurrence at or before it on the database's clock
@@ -368,7 +386,7 @@ def trigger(name: str, celery_app: str) -> None:
     from voltro_beat.trigger import NotExternal, NotPublished, TooFar, Trigger
 
     with _errors():
-        fire = Trigger.for_app(celery_app)
+        fire = Trigger(_required_app("trigger"))
         try:
             fired = fire.fire(name)
         except NotExternal as exc:
@@ -389,10 +407,10 @@ def trigger(name: str, celery_app: str) -> None:
 
 
 @main.command("serve-trigger")
-@_celery_app_option
+@_app_option(required=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8001, show_default=True, type=click.IntRange(1, 65535))
-def serve_trigger(celery_app: str, host: str, port: int) -> None:
+def serve_trigger(host: str, port: int) -> None:
     """Serve POST /trigger/<name>: the external trigger over HTTP, behind a bearer token.
 
     The token is VOLTRO_BEAT_TRIGGER_TOKEN, or the contents of the file
@@ -410,7 +428,7 @@ def serve_trigger(celery_app: str, host: str, port: int) -> None:
 
     with _errors():
         token = trigger_endpoint.token_from_environment()
-        app = trigger_endpoint.create_app(Trigger.for_app(celery_app), token)
+        app = trigger_endpoint.create_app(Trigger(_required_app("serve-trigger")), token)
     click.echo(f"voltro_beat trigger endpoint on http://{host}:{port}/trigger/<name>")
     uvicorn.run(app, host=host, port=port, log_level="info")
 
@@ -450,7 +468,7 @@ def status(store_url: str) -> None:
     With -A proj the schedules are the app's beat_schedule (and their next occurrences);
     without it, every schedule that has a run row.
     """
-    app = click.get_current_context().meta.get(_APP)
+    app = _app()
     with _errors(), _open(store_url) as database:
         entries = {} if app is None else schedule_of(app, store_url)[1]
         now = database.time()
@@ -608,7 +626,7 @@ def run_now(store_url: str, name: str, at: str | None) -> None:
 def db_check(store_url: str) -> None:
     """Is the schema current, and can this role read every table? Exit code 1 if not."""
     with _errors():
-        database = Database.open(store_url)
+        database = _existing(Database.open(store_url))
         try:
             report = reads.check_schema(database)
         finally:
@@ -630,7 +648,7 @@ def db_check(store_url: str) -> None:
 @contextmanager
 def _open(store_url: str) -> Iterator[Database]:
     """The store, with voltro_beat's tables in it (else one line suggesting the upgrade)."""
-    database = Database.open(store_url)
+    database = _existing(Database.open(store_url))
     try:
         missing = reads.missing_tables(database)
         if missing:
@@ -643,13 +661,40 @@ def _open(store_url: str) -> Iterator[Database]:
         database.dispose()
 
 
+def _existing(database: Database) -> Database:
+    """``database``, unless it is a SQLite file that does not exist: connecting would create
+    it, and a command that reads the store never creates one."""
+    path = database.engine.url.database if database.dialect == "sqlite" else None
+    if path and path != ":memory:" and not Path(path).exists():
+        database.dispose()
+        raise click.ClickException(
+            f"store {database.display_url}: no such file (no beat has run with this store): "
+            "start beat, run `voltro-beat db upgrade`, or name the store with --store or -A"
+        )
+    return database
+
+
 def _required_app(command: str) -> Celery:
-    app = click.get_current_context().meta.get(_APP)
+    app = _app()
     if app is None:
         raise click.ClickException(
             f"{command} needs the Celery app (-A proj): its schedules and its broker"
         )
     return app
+
+
+def _known_schedule(name: str, database: Database) -> None:
+    """Refuse ``name`` unless it is a schedule of the app (-A) or one with run rows."""
+    app = _app()
+    recorded = reads.schedule_names(database)
+    defined = [] if app is None else list(schedule_of(app)[1])
+    if name not in recorded and name not in defined:
+        known = ", ".join(sorted({*recorded, *defined})) or "none"
+        raise click.ClickException(
+            f"no schedule named {name!r} in the run table"
+            + ("" if app is None else " nor in the app's beat_schedule")
+            + f" (schedules: {known})"
+        )
 
 
 def _entry(entries: Mapping[str, Entry], name: str) -> Entry:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from celery import Celery, signals
 from celery.beat import BeatLazyFunc
 from kombu import Connection, Producer
-from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps as kombu_dumps
 
 from voltro_beat.exceptions import PublishError
 
@@ -133,6 +133,12 @@ class _RedisPush(NamedTuple):
         would batch (no redis-py retries that could replay a pipeline) qualify.
         """
         channel = producer.channel
+        # kombu.transport.redis imports only where redis-py is installed (the redis extra):
+        # a channel of any other transport never needs it.
+        if type(channel).__module__ != "kombu.transport.redis":
+            return None
+        from kombu.transport import redis as kombu_redis
+
         if type(channel) is not kombu_redis.Channel or not producer.supports_batch_publish:
             return None
         # Both of the channel's write paths are caught, so the capture itself sends nothing.
@@ -169,7 +175,7 @@ class _RedisPush(NamedTuple):
             properties=dict(message["properties"], correlation_id=task_id, delivery_tag=tag),
         )
         # kombu.transport.redis's own ``dumps`` (kombu.utils.json), so custom types encode alike.
-        pieces = _SPLIT.split(kombu_redis.dumps(marked))
+        pieces = _SPLIT.split(kombu_dumps(marked))
         slots = tuple(_MARKS.index(json.loads(mark)) for mark in pieces[1::2])
         if sorted(slots) != [0, 0, 0, 1, 2]:
             return None
@@ -177,7 +183,7 @@ class _RedisPush(NamedTuple):
         # Exactness check: spliced with the captured values, it is kombu's own payload.
         headers, properties = message["headers"], message["properties"]
         own = push.render(headers["id"], headers["voltro_occurrence"], properties["delivery_tag"])
-        return push if own == kombu_redis.dumps(message) else None
+        return push if own == kombu_dumps(message) else None
 
     def payload(self, key: str, task_id: str, tag: str) -> str:
         """The exact string kombu would LPUSH for this occurrence, with delivery tag ``tag``

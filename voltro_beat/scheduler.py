@@ -824,5 +824,38 @@ def _grace(entry: Entry) -> timedelta | None:
     return min(max(step * 60, timedelta(minutes=1)), timedelta(hours=1))
 
 
-#: The name ``-S voltro_beat.scheduler:Scheduler`` has always meant.
-Scheduler = VoltroScheduler
+#: The exit code of a beat whose configuration is invalid (``EX_CONFIG`` of sysexits.h).
+EXIT_CONFIGURATION = 78
+
+
+class Scheduler(VoltroScheduler):
+    """The scheduler a ``celery beat`` process builds: ``-S voltro`` (the entry point) or
+    ``-S voltro_beat.scheduler:Scheduler``.
+
+    A configuration error at boot ends the process with exit code 78 and one block on the log
+    naming what to fix; its traceback is logged at DEBUG. :class:`VoltroScheduler` itself
+    raises the :class:`~voltro_beat.exceptions.ConfigurationError`.
+    """
+
+    def setup_schedule(self) -> None:
+        try:
+            super().setup_schedule()
+        except ConfigurationError as exc:
+            logger.critical(
+                "voltro_beat: beat did not start: the configuration is invalid.\n"
+                "    ConfigurationError: %s\n"
+                "    Fix the entry or setting it names; run beat with --loglevel debug for the "
+                "traceback.",
+                exc,
+            )
+            logger.debug("voltro_beat: the configuration error's traceback", exc_info=exc)
+            raise SystemExit(EXIT_CONFIGURATION) from None
+
+    @property
+    def info(self) -> str:
+        """The banner's line: Celery prints it before logging is set up, so a configuration
+        error waits for :meth:`setup_schedule`, which reports it."""
+        try:
+            return super().info
+        except ConfigurationError:
+            return "voltro_beat: invalid configuration (beat will not start, see below)"

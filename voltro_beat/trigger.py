@@ -26,7 +26,7 @@ from celery import Celery
 from voltro_beat import catchup
 from voltro_beat.exceptions import VoltroBeatError
 from voltro_beat.occurrences import Occurrence
-from voltro_beat.on_demand import OnDemand, load_app, schedule_of
+from voltro_beat.on_demand import OnDemand, schedule_of
 from voltro_beat.store.database import Database
 
 logger = logging.getLogger(__name__)
@@ -67,11 +67,6 @@ class Trigger:
         self._lease = settings.publish_timeout
         self._early = settings.max_clock_offset
         self._lock = threading.Lock()
-
-    @classmethod
-    def for_app(cls, app_path: str) -> Trigger:
-        """The trigger of the Celery app at ``app_path`` (what ``celery -A`` accepts)."""
-        return cls(load_app(app_path))
 
     def fire(self, name: str, *, arrival: datetime | None = None) -> Fired:
         """Claim and publish the occurrence of ``name`` that ``arrival`` (default: now on the

@@ -1,5 +1,6 @@
 """A bad configuration stops ``celery beat -S voltro`` at boot, before anything is published,
-with a message that names the entry or the setting to fix.
+with exit code 78 and one block on the log that names the entry or the setting to fix; the
+traceback only at ``--loglevel debug``.
 
 Each case also carries a valid every-second entry, so a beat that got past boot would leave
 run rows and messages behind within a second. The cases are independent (a database and a
@@ -9,6 +10,7 @@ queue each) and run side by side: a beat process spends seconds just importing.
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -21,6 +23,7 @@ import pytest
 from vbt_harness import (
     EVERY_SECOND,
     REDIS_URL,
+    ROOT,
     Deployment,
     ProcessSet,
     Sched,
@@ -41,6 +44,8 @@ class Case:
     store: str = "postgresql"
     #: Every one of these must appear in beat's output.
     says: tuple[str, ...] = ()
+    #: Beat's ``--loglevel``: only ``debug`` shows the traceback.
+    loglevel: str = "info"
 
 
 CASES = {
@@ -76,7 +81,18 @@ CASES = {
         says=("voltro_beat_coordination", "'leader'"),
     ),
     "store-dialect-typo": Case(store="typo", says=("voltro_beat_store_url", "postgresq+psycopg")),
+    "unparsable-cron-at-debug": Case(
+        Sched("bad-cron", '"61 * * * *"'),
+        says=("'bad-cron'", "Traceback (most recent call last)", "ConfigurationError"),
+        loglevel="debug",
+    ),
 }
+#: The block beat logs, around the error's own message.
+BLOCK = (
+    "CRITICAL/MainProcess] voltro_beat: beat did not start: the configuration is invalid.\n"
+    "    ConfigurationError: ",
+    "    Fix the entry or setting it names; run beat with --loglevel debug for the traceback.",
+)
 
 
 @dataclass(frozen=True)
@@ -111,7 +127,14 @@ def _launch(
     store_url = sqlalchemy_url(db)
     if case.store == "typo":
         store_url = store_url.replace("postgresql+", "postgresq+", 1)
-    dep = Deployment(workdir, procs, store_url=store_url, broker_url=REDIS_URL, exec_dsn=db)
+    dep = Deployment(
+        workdir,
+        procs,
+        store_url=store_url,
+        broker_url=REDIS_URL,
+        exec_dsn=db,
+        loglevel=case.loglevel,
+    )
     stack.callback(dep.delete_queue)
     dep.create_executions_table()
     dep.configure(
@@ -144,9 +167,25 @@ def test_bad_configuration_exits_at_boot_naming_the_culprit(
     result, case = results[name], CASES[name]
     tail = "\n".join(result.output.splitlines()[-25:])
     assert result.code is not None, f"beat did not exit at boot:\n{tail}"
-    assert result.code != 0, tail
+    assert result.code == 78, tail
     missing = [s for s in case.says if s not in result.output]
     assert not missing, f"beat's output does not name {missing}:\n{tail}"
-    assert "ConfigurationError" in result.output, tail
+    assert all(part in result.output for part in BLOCK), tail
+    assert result.output.count("CRITICAL") == 1, tail
+    if case.loglevel != "debug":
+        assert "Traceback" not in result.output, tail
     assert "Sent due task" not in result.output, tail
     assert (result.queued, result.executions, result.runs) == (0, 0, 0)
+
+
+def test_the_operations_page_shows_what_beat_prints(results: dict[str, Result]) -> None:
+    """docs/operations.md's example is the unparsable-cron case's block, timestamp aside."""
+    page = (ROOT / "docs" / "operations.md").read_text()
+    shown = re.search(r"A bad entry looks like this.*?```text\n(.*?)```", page, flags=re.S)
+    assert shown, "docs/operations.md has no example of a bad entry"
+
+    def block(text: str) -> str:
+        start = text.index("CRITICAL/MainProcess]")
+        return text[start : text.index("traceback.", start) + len("traceback.")]
+
+    assert block(shown.group(1)) == block(results["unparsable-cron"].output)

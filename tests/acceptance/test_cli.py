@@ -6,6 +6,7 @@ real beat replicas and a worker are filling (PostgreSQL, Redis): ``status``, ``r
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -201,15 +202,23 @@ def test_run_publishes_one_occurrence_on_the_grid(scenario: Scenario) -> None:
 def test_db_check(scenario: Scenario, tmp_path: Path) -> None:
     out = ok(cli(scenario.dep, "db", "check"))
     assert "(current)" in out and out.count(": readable") == 3, out
+    sqlite3.connect(tmp_path / "empty.db").close()
     empty = cli(
         scenario.dep, "db", "check", "--store", f"sqlite:///{tmp_path / 'empty.db'}", env={}
     )
     assert empty.returncode == 1 and "run `voltro-beat db upgrade`" in empty.stdout
+    # A file that is not there is not created by a check.
+    missing = cli(
+        scenario.dep, "db", "check", "--store", f"sqlite:///{tmp_path / 'missing.db'}", env={}
+    )
+    assert "no such file" in one_line_error(missing)
+    assert not (tmp_path / "missing.db").exists()
 
 
 def test_errors_are_one_line_and_exit_1(scenario: Scenario, tmp_path: Path) -> None:
     dep = scenario.dep
     bare = {k: v for k, v in dep.env().items() if k != "VOLTRO_BEAT_STORE_URL"}
+    sqlite3.connect(tmp_path / "new.db").close()
     ahead = (now() + timedelta(hours=2)).isoformat()
     cases = {
         "store unreachable": (

@@ -353,6 +353,8 @@ class Deployment:
     #: The module ``celery -A`` loads in every process, and the worker's pool size.
     app: str = "vbt_proj"
     concurrency: int = 2
+    #: The beats' ``--loglevel``.
+    loglevel: str = "info"
     beats: dict[str, Proc] = field(default_factory=dict)
     worker: Proc | None = None
     _starts: Counter[str] = field(default_factory=Counter)
@@ -394,7 +396,7 @@ class Deployment:
     def beat_argv(self, name: str) -> list[str]:
         return [
             sys.executable, "-m", "celery", "-A", self.app, "beat", "-S", "voltro",
-            "-l", "info", "-s", str(self.workdir / f"celerybeat-{name}"),
+            "-l", self.loglevel, "-s", str(self.workdir / f"celerybeat-{name}"),
         ]  # fmt: skip
 
     def start_beats(self, *names: str) -> None:

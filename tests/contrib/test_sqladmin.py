@@ -33,9 +33,7 @@ def procs() -> Iterator[ProcessSet]:
 def site(seeded: Seeded, workdir: Path, procs: ProcessSet) -> SqladminSite:
     root = workdir / "sqladmin"
     root.mkdir()
-    return SqladminSite.start(
-        root, procs, seeded.store_url, args=("--celery-app", APP), env=seeded.env
-    )
+    return SqladminSite.start(root, procs, seeded.store_url, args=("-A", APP), env=seeded.env)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,7 @@
-"""Which store a ``voltro-beat`` command reads: the app's ``voltro_beat_store_url`` (``-A``),
-else ``--store``, else ``VOLTRO_BEAT_STORE_URL`` (SQLite files, through click's runner)."""
+"""Which store and which app a ``voltro-beat`` command reads: ``--store`` given on the command
+line, else the app's ``voltro_beat_store_url`` (``-A``), else ``VOLTRO_BEAT_STORE_URL``, else
+the embedded default; and a command that only reads never creates a store (SQLite files,
+through click's runner)."""
 
 from __future__ import annotations
 
@@ -21,27 +23,102 @@ def app_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
         "from celery import Celery\n"
         f"app = Celery({name!r})\n"
         f"app.conf.voltro_beat_store_url = 'sqlite:///{tmp_path / 'app.db'}'\n"
+        "app.conf.beat_schedule = {'poll': {'task': 't', 'schedule': 10.0}}\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield name
     sys.modules.pop(name, None)
 
 
-def test_the_apps_store_comes_first(app_module: str, tmp_path: Path) -> None:
-    out = CliRunner().invoke(
-        main,
-        ["db", "upgrade", "-A", app_module, "--store", f"sqlite:///{tmp_path / 'flag.db'}"],
-        env={"VOLTRO_BEAT_STORE_URL": f"sqlite:///{tmp_path / 'env.db'}"},
-    )
+def upgrade(*args: str, env: dict[str, str] | None = None) -> str:
+    out = CliRunner().invoke(main, ["db", "upgrade", *args], env=env)
     assert out.exit_code == 0, out.output
-    assert out.output == f"sqlite:///{tmp_path / 'app.db'}: schema is up to date\n"
+    return out.output
 
 
-def test_then_the_flag_then_the_environment(tmp_path: Path) -> None:
+def test_an_explicit_store_wins_over_the_app_and_the_environment(
+    app_module: str, tmp_path: Path
+) -> None:
     env = {"VOLTRO_BEAT_STORE_URL": f"sqlite:///{tmp_path / 'env.db'}"}
-    flag = CliRunner().invoke(
-        main, ["db", "upgrade", "--store", f"sqlite:///{tmp_path / 'flag.db'}"], env=env
+    flag = f"sqlite:///{tmp_path / 'flag.db'}"
+    assert upgrade("-A", app_module, "--store", flag, env=env) == f"{flag}: schema is up to date\n"
+    # The same whichever comes first on the line.
+    assert upgrade("--store", flag, "--app", app_module, env=env) == (
+        f"{flag}: schema is up to date\n"
     )
-    assert flag.output == f"sqlite:///{tmp_path / 'flag.db'}: schema is up to date\n"
-    from_env = CliRunner().invoke(main, ["db", "upgrade"], env=env)
-    assert from_env.output == f"sqlite:///{tmp_path / 'env.db'}: schema is up to date\n"
+
+
+def test_then_the_app_then_the_environment(app_module: str, tmp_path: Path) -> None:
+    env = {"VOLTRO_BEAT_STORE_URL": f"sqlite:///{tmp_path / 'env.db'}"}
+    assert upgrade("-A", app_module, env=env) == (
+        f"sqlite:///{tmp_path / 'app.db'}: schema is up to date\n"
+    )
+    # VOLTRO_BEAT_CELERY_APP names the app as -A does.
+    assert upgrade(env={**env, "VOLTRO_BEAT_CELERY_APP": app_module}) == (
+        f"sqlite:///{tmp_path / 'app.db'}: schema is up to date\n"
+    )
+    assert upgrade(env=env) == f"sqlite:///{tmp_path / 'env.db'}: schema is up to date\n"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["preview", "poll"],
+        ["status"],
+        ["runs"],
+        ["claims"],
+        ["replicas"],
+        ["backfill", "poll", "--since", "1h", "--until", "now"],
+        ["run", "poll"],
+        ["db", "upgrade"],
+        ["db", "check"],
+        ["db", "sql"],
+        ["admin"],
+        ["trigger", "poll"],
+        ["serve-trigger"],
+    ],
+    ids=lambda command: " ".join(command[:2]),
+)
+def test_every_command_that_reads_the_app_takes_a_and_app(command: list[str]) -> None:
+    out = CliRunner().invoke(main, [*command, "--help"])
+    assert out.exit_code == 0, out.output
+    assert "-A, --app" in out.output
+    assert "VOLTRO_BEAT_CELERY_APP" in out.output
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["status"], ["runs"], ["claims"], ["replicas"], ["db", "check"], ["admin", "--no-auth"]],
+    ids=" ".join,
+)
+def test_a_command_that_reads_creates_no_store(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(main, command, env={"VOLTRO_BEAT_STORE_URL": None})
+    assert out.exit_code == 1
+    assert "store sqlite:///voltro-beat.sqlite3: no such file" in out.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_runs_of_an_unknown_schedule_say_so(app_module: str, tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'app.db'}"
+    upgrade("--store", store)
+    out = CliRunner().invoke(main, ["runs", "--store", store, "--schedule", "nosuch"])
+    assert out.exit_code == 1
+    assert "no schedule named 'nosuch' in the run table (schedules: none)" in out.output
+    with_app = CliRunner().invoke(main, ["runs", "-A", app_module, "--schedule", "nosuch"])
+    assert with_app.exit_code == 1
+    assert "nor in the app's beat_schedule (schedules: poll)" in with_app.output
+    # A schedule of the app with no run yet: an empty table, no error.
+    known = CliRunner().invoke(main, ["runs", "-A", app_module, "--schedule", "poll"])
+    assert known.exit_code == 0, known.output
+    assert "(0 newest)" in known.output
+
+
+def test_version() -> None:
+    from importlib.metadata import version
+
+    out = CliRunner().invoke(main, ["--version"])
+    assert out.exit_code == 0
+    assert out.output == f"voltro-beat {version('voltro-beat')}\n"

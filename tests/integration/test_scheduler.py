@@ -603,5 +603,7 @@ def test_both_scheduler_paths_name_the_voltro_scheduler() -> None:
     from voltro_beat.scheduler import Scheduler
 
     (voltro,) = entry_points(group="celery.beat_schedulers", name="voltro")
-    assert voltro.load() is VoltroScheduler
-    assert Scheduler is VoltroScheduler  # ``-S voltro_beat.scheduler:Scheduler`` still works
+    # ``-S voltro`` and ``-S voltro_beat.scheduler:Scheduler``: the one that exits at boot on
+    # a configuration error (tests/acceptance/test_bad_configuration.py).
+    assert voltro.load() is Scheduler
+    assert issubclass(Scheduler, VoltroScheduler)

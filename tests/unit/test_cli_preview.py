@@ -142,3 +142,34 @@ def test_documented_python_examples_work() -> None:
     )
     assert tried > 0
     assert failures == 0
+
+
+def test_with_the_app_an_entry_name_previews_that_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "preview_app_proj.py").write_text(
+        "from celery import Celery\n"
+        "app = Celery('preview_app_proj')\n"
+        "app.conf.timezone = 'Europe/Berlin'\n"
+        "app.conf.beat_schedule = {\n"
+        "    'nightly': {'task': 't', 'schedule': '30 2 * * *'},\n"
+        "    'zoned': {'task': 't', 'schedule': '0 9 * * *', 'tz': 'America/New_York'},\n"
+        "}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    after = ["--after", "2026-03-28T00:00:00Z", "-n", "2"]
+    code, out = preview("nightly", "-A", "preview_app_proj", *after)
+    assert code == 0, out
+    # The app's zone: 02:30 in Berlin; on the 29th the clocks skip it (the first instant after).
+    assert [r[3] for r in rows(out)] == [
+        "nightly@2026-03-28T01:30:00",
+        "nightly@2026-03-29T01:00:00",
+    ]
+    code, out = preview("zoned", "--app", "preview_app_proj:app", *after)
+    assert code == 0, out
+    assert "local (America/New_York)" in out
+    assert rows(out)[0][1] == "2026-03-28 09:00:00 EDT"
+    # Not an entry: an expression, in the app's time zone.
+    code, out = preview("0 12 * * *", "-A", "preview_app_proj", *after)
+    assert code == 0, out
+    assert rows(out)[0][1:3] == ["2026-03-28 12:00:00 CET", "2026-03-28 11:00:00"]
