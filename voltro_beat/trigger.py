@@ -24,25 +24,12 @@ from datetime import datetime
 from celery import Celery
 
 from voltro_beat import catchup, logs
-from voltro_beat.exceptions import VoltroBeatError
+from voltro_beat.exceptions import NotExternal, NotPublished, TooFar
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.on_demand import OnDemand, load_app, schedule_of
 from voltro_beat.store.database import Database
 
 logger = logging.getLogger(__name__)
-
-
-class NotExternal(VoltroBeatError):
-    """No entry of that name, or one that beat fires itself."""
-
-
-class TooFar(VoltroBeatError):
-    """The arrival is further than the entry's ``max_lateness`` from any occurrence before it
-    (or the occurrence's deadline passed while it was being claimed)."""
-
-
-class NotPublished(VoltroBeatError):
-    """Claimed, but the broker did not take the message: recovery republishes it."""
 
 
 @dataclass(frozen=True, slots=True)
