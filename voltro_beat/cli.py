@@ -383,7 +383,8 @@ def trigger(name: str) -> None:
     for it publishes nothing and exits 0. Exit 3: further than the entry's max_lateness from
     any occurrence; exit 4: claimed but not published (recovery republishes it).
     """
-    from voltro_beat.trigger import NotExternal, NotPublished, TooFar, Trigger
+    from voltro_beat.exceptions import NotExternal, NotPublished, TooFar
+    from voltro_beat.trigger import Trigger
 
     with _errors():
         fire = Trigger(_required_app("trigger"))
@@ -452,7 +453,7 @@ def _errors() -> Iterator[None]:
 # -- the operator's commands (docs/operations.md) -------------------------------------------
 
 #: A backfill window holding more occurrences than this is refused: narrow it.
-MAX_BACKFILL = 1_000_000
+MAX_BACKFILL_WINDOW = 1_000_000
 #: Relative instants: ``15m`` is fifteen minutes before now.
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -555,11 +556,12 @@ def backfill(store_url: str, name: str, since: str, until: str, dry_run: bool, y
         _not_ahead(end, "--until", database)
         _retained(start, "--since", database, settings)
         instants = list(
-            itertools.islice(occurrences_between(entry.spec, start, end), MAX_BACKFILL + 1)
+            itertools.islice(occurrences_between(entry.spec, start, end), MAX_BACKFILL_WINDOW + 1)
         )
-        if len(instants) > MAX_BACKFILL:
+        if len(instants) > MAX_BACKFILL_WINDOW:
             raise click.ClickException(
-                f"the window holds more than {MAX_BACKFILL:,} occurrences of {name}: narrow it"
+                f"the window holds more than {MAX_BACKFILL_WINDOW:,} occurrences of {name}: "
+                "narrow it"
             )
         recorded = reads.recorded_keys(database, name, since=start, until=end)
         todo = [at for at in instants if occurrence_key(name, at) not in recorded]

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import FrameType
 
+from voltro_beat import logs
 from voltro_beat.clock import Clock, Reading
 from voltro_beat.exceptions import PublishError, StoreError
 from voltro_beat.metrics import Metrics
@@ -112,10 +113,12 @@ class Dispatcher:
         instant = max(o.scheduled_at for o in occurrences)
         fence = self.store.fence([o.key for o in occurrences], hold=self.hold, start=instant)
         if len(fence.keys) < len(occurrences):
+            lost = len(occurrences) - len(fence.keys)
             logger.warning(
                 "voltro_beat: %d claimed runs no longer held by this replica (paused past "
                 "their lease, taken over, or past their deadline): not sent",
-                len(occurrences) - len(fence.keys),
+                lost,
+                extra=logs.fields(count=lost),
             )
         held = [o for o in occurrences if o.key in fence.keys]
         return Fenced(held, instant, fence.held_until, fence.reading)
@@ -221,7 +224,13 @@ class Dispatcher:
         taken = [o for i, o in enumerate(occurrences[:answered]) if i not in refused]
         for o in taken:
             entry = self.entries[o.schedule]
-            logger.info("Scheduler: Sent due task %s (%s) as %s", entry.name, entry.task, o.key)
+            logger.info(
+                "Scheduler: Sent due task %s (%s) as %s",
+                entry.name,
+                entry.task,
+                o.key,
+                extra=logs.fields(key=o.key, schedule=o.schedule),
+            )
         if self.metrics.enabled:
             self.metrics.published(taken, self.clock.now())
         return [o.key for o in taken], answered == len(messages)
@@ -241,6 +250,7 @@ class Dispatcher:
                 reason,
                 len(refused),
                 ", ".join(refused[:5]),
+                extra=logs.fields(keys=refused[:5], count=len(refused), reason=reason),
             )
             try:
                 self.store.refuse(refused, reason=reason)
@@ -293,6 +303,7 @@ class Dispatcher:
                 "with the same task ids: %s",
                 len(lost),
                 ", ".join(sorted(lost)[:5]),
+                extra=logs.fields(keys=sorted(lost)[:5], count=len(lost)),
             )
 
     @contextmanager

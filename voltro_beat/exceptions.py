@@ -42,6 +42,21 @@ class NaiveDatetimeError(VoltroBeatError, ValueError):
     """A naive datetime was given where an aware instant is required (guarantee 8)."""
 
 
+class NotExternal(VoltroBeatError):
+    """The external trigger was asked for no entry of that name, or one that beat fires
+    itself."""
+
+
+class TooFar(VoltroBeatError):
+    """A trigger's arrival is further than the entry's ``max_lateness`` from any occurrence
+    before it (or the occurrence's deadline passed while it was being claimed)."""
+
+
+class NotPublished(VoltroBeatError):
+    """A triggered occurrence was claimed, but the broker did not take its message: recovery
+    republishes it."""
+
+
 class PublishError(VoltroBeatError):
     """The broker failed before it answered for every message: it answered for the first
     ``confirmed`` ones, and of those it refused the ones in ``refused`` (index -> the

@@ -1,38 +1,60 @@
-"""JSON log lines (``voltro_beat_log_json``): one object per line, for a log pipeline.
+"""Structured log fields, and JSON log lines (``voltro_beat_log_json``) for a log pipeline.
 
-Each object has the time, level, logger and message; a line about an occurrence also has its
-``key`` and ``schedule`` fields, read from the key in the message (every such line names it),
-and an exception its traceback as ``exc_info``.
+A log call that names an occurrence, a schedule, a replica or a count passes them as
+``extra=fields(...)``: attributes of the record named ``voltro_<field>`` (prefixed, so they
+never collide with :class:`logging.LogRecord`'s own attributes or Celery's), which any
+formatter can read. :class:`JsonFormatter` writes one object per line: the time, level,
+logger and message, each of those fields the record carries under its bare name, and an
+exception's traceback as ``exc_info``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
-#: An occurrence key in a message: ``name@YYYY-MM-DDTHH:MM:SS[.mmm]``.
-_KEY = re.compile(r"([^\s@(),]+)@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{3})?)")
+#: The fields a record may carry, each as the attribute ``voltro_<field>``.
+FIELDS = ("key", "keys", "schedule", "replica", "count", "status", "reason")
+PREFIX = "voltro_"
+
+
+def fields(
+    *,
+    key: str | None = None,
+    keys: Sequence[str] | None = None,
+    schedule: str | None = None,
+    replica: str | None = None,
+    count: int | None = None,
+    status: str | None = None,
+    reason: str | None = None,
+) -> dict[str, object]:
+    """The ``extra=`` of a log call: the fields given (an occurrence's ``key``, the few
+    ``keys`` a line lists, ``schedule``, ``replica``, ``count``, a run's ``status`` and
+    ``reason``), each as ``voltro_<field>``; the ones left None are not set."""
+    listed = None if keys is None else list(keys)
+    values = (key, listed, schedule, replica, count, status, reason)
+    return {PREFIX + name: v for name, v in zip(FIELDS, values, strict=True) if v is not None}
 
 
 class JsonFormatter(logging.Formatter):
     """Formats a record as one JSON object."""
 
     def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
         line: dict[str, object] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": message,
+            "message": record.getMessage(),
         }
-        found = _KEY.search(message)
-        if found:
-            line["schedule"], line["key"] = found[1], found[0]
+        for name in FIELDS:
+            value = getattr(record, PREFIX + name, None)
+            if value is not None:
+                line[name] = value
         if record.exc_info:
             line["exc_info"] = self.formatException(record.exc_info)
-        return json.dumps(line)
+        return json.dumps(line, default=str)
 
 
 def use_json() -> None:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from voltro_beat import replicas
+from voltro_beat import logs, replicas
 from voltro_beat.clock import Clock, ClockMode
 from voltro_beat.config import Settings
 from voltro_beat.exceptions import StoreError
@@ -144,6 +144,7 @@ class Membership:
                 theirs,
                 others[0].name,
                 theirs,
+                extra=logs.fields(replica=others[0].name),
             )
             self.clock.mode = ClockMode(theirs)
             self.registry.register(self._me(), self.schedules)
@@ -191,9 +192,12 @@ class Membership:
                 "not here",
                 name,
                 yielded[name],
+                extra=logs.fields(schedule=name, replica=yielded[name]),
             )
         for name in self.yielded.keys() - yielded.keys():
-            logger.warning("voltro_beat: schedule %s fires here again", name)
+            logger.warning(
+                "voltro_beat: schedule %s fires here again", name, extra=logs.fields(schedule=name)
+            )
         self.yielded = yielded
         for name, replica, other_name, other in replicas.renames(maps):
             self._once(
@@ -204,6 +208,7 @@ class Membership:
                 replica,
                 other_name,
                 other,
+                extra=logs.fields(schedule=name, replica=replica),
             )
         for key, value, replica, theirs in replicas.disagreements(self._settings(), others):
             self._once(
@@ -214,12 +219,15 @@ class Membership:
                 value,
                 theirs,
                 replica,
+                extra=logs.fields(replica=replica),
             )
 
-    def _once(self, key: tuple[Any, ...], message: str, *args: Any) -> None:
+    def _once(
+        self, key: tuple[Any, ...], message: str, *args: Any, extra: dict[str, object]
+    ) -> None:
         if key not in self._said:
             self._said.add(key)
-            logger.warning(message, *args)
+            logger.warning(message, *args, extra=extra)
 
 
 def _who(live: list[Replica]) -> list[tuple[str, Any, str]]:

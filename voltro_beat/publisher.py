@@ -39,6 +39,7 @@ from celery.beat import BeatLazyFunc
 from kombu import Connection, Producer
 from kombu.utils.json import dumps as kombu_dumps
 
+from voltro_beat import logs
 from voltro_beat.exceptions import PublishError
 
 if TYPE_CHECKING:
@@ -412,7 +413,11 @@ class Publisher:
                 except producer.connection.connection_errors:
                     raise  # the broker is down: try again at the next publish
                 except Exception:
-                    logger.debug("voltro_beat: %s keeps kombu's publish path", entry.name)
+                    logger.debug(
+                        "voltro_beat: %s keeps kombu's publish path",
+                        entry.name,
+                        extra=logs.fields(schedule=entry.name),
+                    )
                     push = None
                 declare = recorded.kwargs.get("declare") or ()
                 template = recorded if push is None else push._replace(declare=declare)

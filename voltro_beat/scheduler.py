@@ -174,6 +174,7 @@ class VoltroScheduler(beat.Scheduler):
             self._store.display_url,
             self._settings.coordination,
             self._schedules_counted(),
+            extra=logs.fields(replica=self._settings.replica),
         )
         for warning, line in retention.announce(self._retention):
             (logger.warning if warning else logger.info)("%s", line)
@@ -379,6 +380,7 @@ class VoltroScheduler(beat.Scheduler):
                     entry.name,
                     plan.unrecorded_until.isoformat(),
                     catchup.MAX_BACKFILL,
+                    extra=logs.fields(schedule=entry.name),
                 )
         self._record(backfill, now)
         for entry in entries:
@@ -545,14 +547,26 @@ class VoltroScheduler(beat.Scheduler):
             self._metrics.recorded(batch, won)
             lost = len(batch) - len(won)
             if lost:
-                logger.debug("voltro_beat: %d occurrences claimed by other replicas", lost)
+                logger.debug(
+                    "voltro_beat: %d occurrences claimed by other replicas",
+                    lost,
+                    extra=logs.fields(count=lost),
+                )
             for o in batch:
                 if o.key not in won:
                     continue
                 if o.status == Status.CLAIMED:
                     heapq.heappush(self._ready, (o.scheduled_at, o.key, o))
                 else:
-                    logger.debug("voltro_beat: %s recorded %s (%s)", o.key, o.status, o.reason)
+                    logger.debug(
+                        "voltro_beat: %s recorded %s (%s)",
+                        o.key,
+                        o.status,
+                        o.reason,
+                        extra=logs.fields(
+                            key=o.key, schedule=o.schedule, status=o.status, reason=o.reason
+                        ),
+                    )
                     recorded[o.schedule, o.status, o.reason].append(o.scheduled_at)
         # One line per schedule and fate (a catch-up after a long downtime records hundreds).
         for (name, status, reason), instants in sorted(recorded.items()):
@@ -578,6 +592,7 @@ class VoltroScheduler(beat.Scheduler):
                 reason,
                 window,
                 policy,
+                extra=logs.fields(schedule=name, count=len(instants), status=status, reason=reason),
             )
 
     # -- maintenance ----------------------------------------------------------------------
@@ -598,6 +613,7 @@ class VoltroScheduler(beat.Scheduler):
                 "voltro_beat: %d sent runs recorded published (their replica stopped between "
                 "their mark and its settle)",
                 settled,
+                extra=logs.fields(count=settled),
             )
         if not self._store.any_lapsed():
             return
@@ -606,10 +622,12 @@ class VoltroScheduler(beat.Scheduler):
             expired = self._store.expire(known=self._membership.known, limit=dispatch.CHUNK)
             self._metrics.missed(expired)
             for reason in sorted({o.reason or "" for o in expired}):
+                count = sum(1 for o in expired if o.reason == reason)
                 logger.warning(
                     "voltro_beat: %d unpublished runs past their deadline recorded missed (%s)",
-                    sum(1 for o in expired if o.reason == reason),
+                    count,
                     reason,
+                    extra=logs.fields(count=count, status=Status.MISSED, reason=reason),
                 )
             taken = self._store.take_over(
                 schedules=self._entries.keys() - self._membership.yielded.keys(),
@@ -617,7 +635,11 @@ class VoltroScheduler(beat.Scheduler):
                 limit=dispatch.CHUNK,
             )
             if taken:
-                logger.warning("voltro_beat: republishing %d unconfirmed runs", len(taken))
+                logger.warning(
+                    "voltro_beat: republishing %d unconfirmed runs",
+                    len(taken),
+                    extra=logs.fields(count=len(taken)),
+                )
                 self._metrics.republished(taken)
                 if not self._dispatch.send(taken):
                     return
@@ -678,6 +700,7 @@ class VoltroScheduler(beat.Scheduler):
                     policy.table,
                     policy.time_column,
                     job.before.isoformat(),
+                    extra=logs.fields(count=job.removed),
                 )
 
     # -- plumbing -------------------------------------------------------------------------
@@ -812,7 +835,9 @@ class VoltroScheduler(beat.Scheduler):
         left = len(self._ready) + sum(len(fenced.runs) for fenced in self._armed)
         if left:
             logger.warning(
-                "voltro_beat: %d claimed runs left for another replica's recovery sweep", left
+                "voltro_beat: %d claimed runs left for another replica's recovery sweep",
+                left,
+                extra=logs.fields(count=left),
             )
 
 

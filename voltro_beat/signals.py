@@ -49,7 +49,7 @@ from typing import Any
 from celery import Celery, signals
 from celery.exceptions import Ignore, Reject, TimeLimitExceeded, WorkerLostError
 
-from voltro_beat import ledger
+from voltro_beat import ledger, logs
 from voltro_beat.config import Settings
 from voltro_beat.ledger import Event, RunState, Verdict
 from voltro_beat.store.database import Database
@@ -189,7 +189,7 @@ class _Recorder:
         try:
             writer.count_duplicate(key)
         except Exception as exc:
-            self._failed("a duplicate delivery", key, exc)
+            self._failed("a duplicate delivery", exc, key=key)
 
     def record(self, event: Event, *, now: datetime, **fields: Any) -> bool | None:
         """Apply ``event`` to its row: True if it moved, False if not, None if unwritable.
@@ -203,7 +203,7 @@ class _Recorder:
         try:
             moved = writer.advance(ledger.transition(event), now=now, **fields)
         except Exception as exc:
-            self._failed(event, fields.get("key") or fields.get("task_id"), exc)
+            self._failed(event, exc, key=fields.get("key"), task_id=fields.get("task_id"))
             return None
         self._recovered()
         return moved
@@ -216,7 +216,7 @@ class _Recorder:
         try:
             state = writer.state(key)
         except Exception as exc:
-            self._failed("status read", key, exc)
+            self._failed("status read", exc, key=key)
             return None
         self._recovered()
         return state
@@ -243,7 +243,7 @@ class _Recorder:
                 try:
                     writer.renew(key, worker=worker, lease=self.lease)
                 except Exception as exc:
-                    self._failed("a worker lease", key, exc)
+                    self._failed("a worker lease", exc, key=key)
 
     def _open(self) -> None:
         try:
@@ -262,11 +262,20 @@ class _Recorder:
         if writer is not None:
             writer.discard()
 
-    def _failed(self, what: object, target: str | None, exc: Exception) -> None:
+    def _failed(
+        self, what: object, exc: Exception, *, key: str | None, task_id: str | None = None
+    ) -> None:
         # One warning per outage, not one per task.
         level = logging.DEBUG if self._failing else logging.WARNING
         self._failing = True
-        logger.log(level, "voltro_beat ledger: could not record %s for %s: %s", what, target, exc)
+        logger.log(
+            level,
+            "voltro_beat ledger: could not record %s for %s: %s",
+            what,
+            key or task_id,
+            exc,
+            extra=logs.fields(key=key),
+        )
 
     def _recovered(self) -> None:
         if self._failing:
@@ -348,6 +357,7 @@ def _on_prerun(sender: Any = None, task_id: Any = None, task: Any = None, **_: A
             "running it again",
             key,
             task.name,
+            extra=logs.fields(key=key),
         )
         return
     setattr(request, _DUPLICATE, True)
@@ -357,6 +367,7 @@ def _on_prerun(sender: Any = None, task_id: Any = None, task: Any = None, **_: A
         "duplicate delivery %s",
         key,
         task_id,
+        extra=logs.fields(key=key),
     )
 
 

@@ -23,26 +23,13 @@ from datetime import datetime
 
 from celery import Celery
 
-from voltro_beat import catchup
-from voltro_beat.exceptions import VoltroBeatError
+from voltro_beat import catchup, logs
+from voltro_beat.exceptions import NotExternal, NotPublished, TooFar
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.on_demand import OnDemand, schedule_of
 from voltro_beat.store.database import Database
 
 logger = logging.getLogger(__name__)
-
-
-class NotExternal(VoltroBeatError):
-    """No entry of that name, or one that beat fires itself."""
-
-
-class TooFar(VoltroBeatError):
-    """The arrival is further than the entry's ``max_lateness`` from any occurrence before it
-    (or the occurrence's deadline passed while it was being claimed)."""
-
-
-class NotPublished(VoltroBeatError):
-    """Claimed, but the broker did not take the message: recovery republishes it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +85,11 @@ class Trigger:
                 entry.name, entry.task, scheduled, deadline=scheduled + entry.max_lateness
             )
             if not self.store.claim_external(occurrence, lease=self._lease):
-                logger.info("voltro_beat: %s claimed already: nothing published", occurrence.key)
+                logger.info(
+                    "voltro_beat: %s claimed already: nothing published",
+                    occurrence.key,
+                    extra=logs.fields(key=occurrence.key, schedule=occurrence.schedule),
+                )
                 return Fired(occurrence, published=False)
             fenced = self._on_demand.dispatch.fence([occurrence])
             if not fenced.runs:
@@ -111,7 +102,11 @@ class Trigger:
                     f"{occurrence.key}: claimed, but the broker did not take it; a beat "
                     "replica's recovery sweep republishes it once its lease runs out"
                 )
-            logger.info("voltro_beat: %s published (external trigger)", occurrence.key)
+            logger.info(
+                "voltro_beat: %s published (external trigger)",
+                occurrence.key,
+                extra=logs.fields(key=occurrence.key, schedule=occurrence.schedule),
+            )
             return Fired(occurrence, published=True)
 
     def close(self) -> None:

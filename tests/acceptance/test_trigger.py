@@ -39,8 +39,9 @@ from vbt_harness import (
     wait_until,
 )
 
+from voltro_beat.exceptions import NotPublished, TooFar
 from voltro_beat.occurrences import occurrence_key
-from voltro_beat.trigger import NotPublished, TooFar, Trigger
+from voltro_beat.trigger import Trigger
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(300)]
 

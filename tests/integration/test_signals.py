@@ -473,10 +473,13 @@ def test_a_failing_ledger_never_breaks_the_task(ledger: Ledger, celery_worker: S
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def contract_writer(
-    request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str
-) -> Iterator[RunWriter]:
-    url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}" if request.param == "sqlite" else postgres_url
+def contract_writer(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RunWriter]:
+    """A run writer on a SQLite file, and on the module's PostgreSQL database (asked for only
+    in that case: the SQLite one runs whether PostgreSQL is up or not)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
     writer = RunWriter(Database.open(url))
     writer.database.upgrade()
     yield writer

@@ -15,14 +15,14 @@ from alembic.migration import MigrationContext
 
 from voltro_beat import retention
 from voltro_beat.coordination import Coordination
-from voltro_beat.exceptions import ConfigurationError, StoreError
+from voltro_beat.exceptions import ConfigurationError, NaiveDatetimeError, StoreError
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.status import Reason, Status
 from voltro_beat.store import beat as beat_module
 from voltro_beat.store import postgresql, reads
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database, hide_password
-from voltro_beat.store.tables import CLAIMS, RUNS, VERSION_TABLE, metadata, runs
+from voltro_beat.store.tables import CLAIMS, RUNS, VERSION_TABLE, UTCDateTime, metadata, runs
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
 LOCK = Coordination.ADVISORY_LOCK
@@ -411,6 +411,17 @@ def test_naive_datetimes_are_refused() -> None:
         Occurrence(
             key="s@x", schedule="s", task="t", task_id="i", scheduled_at=datetime(2026, 1, 1)
         )
+
+
+def test_a_naive_datetime_is_refused_on_its_way_into_the_database() -> None:
+    engine = sa.create_engine("sqlite://")
+    table = sa.Table("t", sa.MetaData(), sa.Column("at", UTCDateTime()))
+    table.create(engine)
+    with engine.begin() as conn, pytest.raises(sa.exc.StatementError) as info:
+        conn.execute(table.insert().values(at=datetime(2026, 1, 1)))
+    engine.dispose()
+    assert isinstance(info.value.orig, NaiveDatetimeError)
+    assert "aware datetimes only" in str(info.value.orig)
 
 
 def test_unreachable_store_raises_store_error() -> None:

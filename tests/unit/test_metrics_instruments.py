@@ -1,16 +1,13 @@
-"""The metrics module: what each report counts, no-ops while off; and the JSON log lines."""
+"""The metrics module: what each report counts, no-ops while off."""
 
 from __future__ import annotations
 
-import json
-import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from voltro_beat.config import Settings
 from voltro_beat.exceptions import ConfigurationError
-from voltro_beat.logs import JsonFormatter
 from voltro_beat.metrics import Metrics
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.status import Reason, Status
@@ -79,15 +76,3 @@ def test_settings_metrics_port_and_json_logs() -> None:
     assert Settings.from_config({"voltro_beat_log_json": True}, {}).log_json
     with pytest.raises(ConfigurationError, match="voltro_beat_metrics_port"):
         Settings.from_config({"voltro_beat_metrics_port": "http"}, {})
-
-
-def test_json_log_line_names_the_schedule_and_key() -> None:
-    record = logging.LogRecord(
-        "voltro_beat.dispatch", logging.INFO, __file__, 1,
-        "Scheduler: Sent due task %s (%s) as %s",
-        ("poll", "proj.poll", "poll@2026-01-01T12:00:00.500"), None,
-    )  # fmt: skip
-    line = json.loads(JsonFormatter().format(record))
-    assert line["level"] == "INFO" and line["logger"] == "voltro_beat.dispatch"
-    assert line["schedule"] == "poll" and line["key"] == "poll@2026-01-01T12:00:00.500"
-    assert "key" not in json.loads(JsonFormatter().format(logging.makeLogRecord({"msg": "hi"})))

@@ -12,9 +12,15 @@ import httpx
 import pytest
 
 from voltro_beat.contrib.trigger_endpoint import create_app, token_from_environment
-from voltro_beat.exceptions import ConfigurationError, StoreError
+from voltro_beat.exceptions import (
+    ConfigurationError,
+    NotExternal,
+    NotPublished,
+    StoreError,
+    TooFar,
+)
 from voltro_beat.occurrences import Occurrence
-from voltro_beat.trigger import Fired, NotExternal, NotPublished, TooFar, Trigger
+from voltro_beat.trigger import Fired, Trigger
 
 TOKEN = "s3cret-t0ken"
 AT = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)

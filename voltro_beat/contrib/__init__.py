@@ -1,4 +1,5 @@
-"""Read-only views of voltro_beat's tables in the admins people already run.
+"""Read-only views of voltro_beat's tables in the admins people already run, and the external
+trigger over HTTP (which publishes).
 
 * :mod:`voltro_beat.contrib.django`: a Django app (``pip install 'voltro-beat[django]'``);
 * :mod:`voltro_beat.contrib.sqladmin`: sqladmin views for a Starlette or FastAPI app, and the

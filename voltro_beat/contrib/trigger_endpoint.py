@@ -22,8 +22,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from voltro_beat.exceptions import ConfigurationError, StoreError
-from voltro_beat.trigger import NotExternal, NotPublished, TooFar, Trigger
+from voltro_beat.exceptions import (
+    ConfigurationError,
+    NotExternal,
+    NotPublished,
+    StoreError,
+    TooFar,
+)
+from voltro_beat.trigger import Trigger
 
 TOKEN_VARIABLE = "VOLTRO_BEAT_TRIGGER_TOKEN"
 TOKEN_FILE_VARIABLE = "VOLTRO_BEAT_TRIGGER_TOKEN_FILE"

@@ -3,7 +3,7 @@
 ``_voltro_schedule_claims`` is the short fence (pruned fast); ``_voltro_schedule_runs`` is the
 run ledger and the long fence: both are keyed by the occurrence key (guarantee 4). Status
 sets in predicates and constraints come from :mod:`voltro_beat.status`. The schema itself is
-created by the Alembic migrations in :mod:`voltro_beat.migrations`; this module describes it
+created by the Alembic migrations in :mod:`voltro_beat.store.migrations`; this module describes it
 for the queries and must match the latest migration (a test compares them).
 """
 
@@ -28,6 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
+from voltro_beat.exceptions import NaiveDatetimeError
 from voltro_beat.status import UNFINISHED, Status, sql_in
 
 CLAIMS = "_voltro_schedule_claims"
@@ -56,7 +57,7 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         if not isinstance(value, datetime) or value.tzinfo is None:
-            raise ValueError(f"voltro_beat stores aware datetimes only, got {value!r}")
+            raise NaiveDatetimeError(f"voltro_beat stores aware datetimes only, got {value!r}")
         utc = value.astimezone(UTC)
         return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
 
@@ -159,7 +160,7 @@ replicas = Table(
     Column("last_seen", UTCDateTime, nullable=False),
     # Its local wall clock minus the database's, in seconds, at its last heartbeat.
     Column("clock_offset", Float),
-    # JSON: the settings replicas compare (voltro_beat.registry.SHARED_SETTINGS).
+    # JSON: the settings replicas compare (voltro_beat.replicas.SHARED_SETTINGS).
     Column("settings", Text, nullable=False),
     # JSON {schedule name: hash of its definition}, and a hash of that map.
     Column("schedules", Text, nullable=False),
