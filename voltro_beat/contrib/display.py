@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from typing import Any
 
 from voltro_beat.coordination import Outcome
 from voltro_beat.status import ON_WORKER, UNFINISHED, Status
@@ -66,6 +67,19 @@ def delay(
     if status in ON_WORKER and started_at is not None:
         return STUCK if started_at < now - stuck_after else None
     return None
+
+
+def delay_of(run: Any, stuck_after: timedelta) -> str | None:
+    """:func:`delay` of a run row as both admins read it: its columns, and ``database_now``
+    (the database's clock, read with the row)."""
+    return delay(
+        run.status,
+        published_at=run.published_at,
+        lease_until=run.lease_until,
+        started_at=run.started_at,
+        now=run.database_now,
+        stuck_after=stuck_after,
+    )
 
 
 def colour(status: str) -> str:

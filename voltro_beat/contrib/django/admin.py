@@ -43,7 +43,7 @@ from voltro_beat.contrib.display import (
     STUCK_AFTER,
     capped,
     colour,
-    delay,
+    delay_of,
     instant_text,
     json_text,
     lag,
@@ -232,14 +232,7 @@ class RunAdmin(ReadOnlyAdmin):
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: Run) -> SafeString:
         badge = _badge(run.status, colour(run.status))
-        marker = delay(
-            run.status,
-            published_at=run.published_at,
-            lease_until=run.lease_until,
-            started_at=run.started_at,
-            now=run.database_now,
-            stuck_after=stuck_after(),
-        )
+        marker = delay_of(run, stuck_after())
         return badge if marker is None else format_html("{} {}", badge, _marker(marker))
 
     @admin.display(description="reason")

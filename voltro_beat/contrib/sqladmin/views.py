@@ -36,7 +36,7 @@ from voltro_beat.contrib.display import (
     STUCK_AFTER,
     capped,
     colour,
-    delay,
+    delay_of,
     instant_text,
     json_text,
     liveness,
@@ -61,14 +61,7 @@ def _badge(text: str, background: str) -> Markup:
 def _status(run: Any, _attribute: Any) -> Markup:
     """The status badge, and a late or stuck marker (:func:`~voltro_beat.contrib.display.delay`)."""
     badge = _badge(run.status, colour(run.status))
-    marker = delay(
-        run.status,
-        published_at=run.published_at,
-        lease_until=run.lease_until,
-        started_at=run.started_at,
-        now=run.database_now,
-        stuck_after=RunAdmin.stuck_after,
-    )
+    marker = delay_of(run, RunAdmin.stuck_after)
     if marker is None:
         return badge
     tag = '<span class="vb-delay badge" style="border:1px solid {0};color:{0}">{1}</span>'
