@@ -57,10 +57,17 @@ class Reading:
 class Clock:
     """Now, on the database's clock (or the local one), for one replica."""
 
-    def __init__(self, mode: ClockMode, local: Callable[[], datetime] | None = None) -> None:
+    def __init__(
+        self,
+        mode: ClockMode,
+        local: Callable[[], datetime] | None = None,
+        monotonic: Callable[[], float] | None = None,
+    ) -> None:
         self.mode = mode
         #: The local wall clock (SQLite's store shares it, so a test can drive both).
         self.local = local or _utc_now
+        #: The local monotonic clock, in seconds (a simulation hands in a virtual one).
+        self.monotonic = monotonic or time.monotonic
         #: The reading in use: a database instant and the monotonic time it stands for.
         self._base: tuple[datetime, float] | None = None
         #: Local wall clock minus the database's, at the last usable reading.
@@ -79,7 +86,7 @@ class Clock:
         if self.mode is ClockMode.LOCAL or base is None:
             return self.local()
         instant, at = base
-        return instant + timedelta(seconds=time.monotonic() - at)
+        return instant + timedelta(seconds=self.monotonic() - at)
 
     def bounds(self, reading: Reading | None = None) -> tuple[datetime, datetime]:
         """The earliest and the latest instant the database's clock can read now.
@@ -95,7 +102,7 @@ class Clock:
             now = self.now()
             error = self.error or timedelta(0)
             return now - error, now + error
-        at = time.monotonic()
+        at = self.monotonic()
         return (
             reading.latest + timedelta(seconds=at - reading.received),
             reading.earliest + timedelta(seconds=at - reading.sent),
@@ -109,7 +116,7 @@ class Clock:
             return False
         middle = (sent + received) / 2
         # The local wall clock at the middle of the round trip, read now and walked back.
-        wall = self.local() - timedelta(seconds=time.monotonic() - middle)
+        wall = self.local() - timedelta(seconds=self.monotonic() - middle)
         self.offset = wall - database_now
         error = round_trip / 2
         base = self._base

@@ -13,10 +13,11 @@ recovery sweep, a queued run's promotion):
    while at least a whole publish timeout of its lease is left on the latest the database's
    clock can read (else it is fenced again first): a pause of the whole process right before
    the write must outlast ``voltro_beat_publish_timeout`` for another replica to take the
-   runs over. While the write is under way the leases are renewed from a thread of their own,
-   so a broker that is merely slow keeps its runs (a paused process renews nothing);
+   runs over. While the write is under way the leases are renewed in the background
+   (:mod:`voltro_beat.runner`), so a broker that is merely slow keeps its runs (a paused
+   process renews nothing);
 3. **mark** the chunk once the broker confirmed it (its publish time stamped, its leases
-   ended: no recovery takes it over any more), on a thread of its own while the next chunk is
+   ended: no recovery takes it over any more), in the background while the next chunk is
    written: at most two chunks are ever written and unmarked at once. A mark that fails keeps
    its keys, and those of the chunk written meanwhile, for the next try (:meth:`flush`).
    Messages the broker refused (a RabbitMQ nack, a Redis command error) are not marked: their
@@ -37,7 +38,7 @@ import logging
 import signal
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -49,6 +50,7 @@ from voltro_beat.exceptions import PublishError, StoreError
 from voltro_beat.metrics import Metrics
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.publisher import Publisher
+from voltro_beat.runner import Runner, Threads
 from voltro_beat.schedules import Entry
 from voltro_beat.store.beat import BeatStore
 
@@ -84,6 +86,7 @@ class Dispatcher:
         lease: timedelta,
         clock: Clock,
         metrics: Metrics | None = None,
+        runner: Runner | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics or Metrics()
@@ -106,7 +109,8 @@ class Dispatcher:
         #: Set by :meth:`close`, which Celery's SIGTERM handler may run in the middle of a tick:
         #: whatever that tick does next writes nothing to the broker.
         self.closed = False
-        self._marker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voltro-beat-mark")
+        #: Marks and lease renewals run here (threads, or a simulation's runner).
+        self.runner = runner or Threads()
 
     def fence(self, occurrences: Sequence[Occurrence]) -> Fenced:
         """The runs of ``occurrences`` this replica may still send, their leases renewed."""
@@ -188,7 +192,7 @@ class Dispatcher:
     def close(self) -> None:
         """Write nothing more; finish the mark under way and settle what was marked."""
         self.closed = True
-        self._marker.shutdown(wait=True)
+        self.runner.shutdown()
         try:
             self.flush()
         except StoreError as exc:  # what is left, another replica's recovery settles
@@ -266,12 +270,12 @@ class Dispatcher:
         return fenced.held_until - latest >= self.lease
 
     def _start_mark(self, keys: list[str]) -> Future[None] | None:
-        """Mark ``keys`` on the marker thread, or here if :meth:`close` already stopped it (a
-        write that was under way when the process was told to stop is still marked)."""
+        """Mark ``keys`` in the background (the runner), or here if :meth:`close` already
+        stopped it (a write under way when the process was told to stop is still marked)."""
         if not keys:
             return None
         try:
-            return self._marker.submit(self._mark, keys)
+            return self.runner.submit(lambda: self._mark(keys))
         except RuntimeError:  # the marker was shut down
             self._mark(keys)
             return None
@@ -309,30 +313,24 @@ class Dispatcher:
     @contextmanager
     def _renewing(self, keys: Collection[str]) -> Iterator[None]:
         """Renew the leases of ``keys`` every quarter of the hold until the block ends."""
-        done = threading.Event()
-        renewer = threading.Thread(
-            target=_renew, args=(self.store, keys, self.hold, done), daemon=True
-        )
-        renewer.start()
+
+        def renew() -> None:
+            try:
+                self.store.fence(keys, hold=self.hold)
+            except StoreError as exc:
+                logger.debug("voltro_beat: could not renew leases: %s", exc)
+
+        stop = self.runner.every(self.hold.total_seconds() / 4, renew)
         try:
             yield
         finally:
-            done.set()
-            renewer.join()
+            stop()
 
 
 def _wait(marking: Future[None] | None) -> None:
     """Wait for a mark under way (raises :class:`StoreError` if it failed)."""
     if marking is not None:
         marking.result()
-
-
-def _renew(store: BeatStore, keys: Collection[str], hold: timedelta, done: threading.Event) -> None:
-    while not done.wait(hold.total_seconds() / 4):
-        try:
-            store.fence(keys, hold=hold)
-        except StoreError as exc:
-            logger.debug("voltro_beat: could not renew leases: %s", exc)
 
 
 @contextmanager

@@ -19,7 +19,7 @@ or the store.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
@@ -144,7 +144,7 @@ def resolve(registrations: Iterable[Registration]) -> list[Policy]:
     return policies
 
 
-def announce(policies: list[Policy]) -> list[tuple[bool, str]]:
+def announce(policies: Sequence[Policy]) -> list[tuple[bool, str]]:
     """The boot lines, each with whether it is a warning: the count, then each policy with
     its disagreement (if any) on the line beside it."""
     lines = [(False, f"retention: {len(policies)} policy(ies) armed")]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,9 @@ class _RecordingScheduler(VoltroScheduler):
     """Beat's scheduler on a clock the test sets, publishing into a :class:`_RecordingPublisher`."""
 
     publisher_class = _RecordingPublisher
+    #: The test's beat stops at its last tick: what it claimed ahead of a later instant is
+    #: not sent (a real beat waits up to CLOSE_WAIT for it).
+    close_wait = timedelta(0)
 
     def tick_at(self, at: datetime) -> list[Published]:
         """One tick with the scheduler's clock (and the SQLite store's) reading ``at``;
@@ -101,19 +104,12 @@ class _RecordingScheduler(VoltroScheduler):
         if at.utcoffset() is None:
             raise NaiveDatetimeError(f"tick at {at.isoformat()}: give the instant a timezone")
         self._store.database.clock = lambda: at
-        recorder = self._publisher
+        recorder = self._engine.publisher
         assert isinstance(recorder, _RecordingPublisher)
         before = len(recorder.sent)
         # Not tick(): it logs and swallows every error, which a test wants to see.
-        self._tick()
+        self._engine.attempt()
         return recorder.sent[before:]
-
-    def close(self) -> None:
-        # The test's beat stops at its last tick: what it claimed ahead of a later instant is
-        # not sent (a real beat waits up to CLOSE_WAIT for it).
-        self._ready.clear()
-        self._armed.clear()
-        super().close()
 
 
 def _instant_of(key: str) -> datetime:

@@ -26,13 +26,13 @@ def sec(n: float) -> datetime:
 def tick(scheduler: VoltroScheduler, at: datetime) -> float:
     """One tick of ``scheduler`` at ``at``: its clock, and its SQLite store's, read ``at``."""
     scheduler._store.database.clock = lambda: at
-    return scheduler._tick()
+    return scheduler.tick()
 
 
 def recover(scheduler: VoltroScheduler, at: datetime) -> None:
     """One recovery sweep of ``scheduler`` at ``at``."""
     scheduler._store.database.clock = lambda: at
-    scheduler._recover()
+    scheduler._engine.recover()
 
 
 def drain(app: Celery) -> list[dict[str, Any]]:

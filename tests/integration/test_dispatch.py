@@ -150,7 +150,7 @@ def test_a_pause_right_before_the_write_must_outlast_a_whole_lease(
     fenced = d.fence(runs)
     time.sleep(LEASE.total_seconds() * 0.45)
     # The process is paused from here until the write reaches the broker: nothing renews.
-    monkeypatch.setattr("voltro_beat.dispatch._renew", lambda *args: None)
+    monkeypatch.setattr(d.runner, "every", lambda seconds, fn: lambda: None)
     publish = d.publisher.publish
     taken: list[Occurrence] = []
 

@@ -136,12 +136,12 @@ def test_a_fast_replica_decides_on_the_database_clock(
     """Issue 9, hole 4: a replica 30 s fast booted with history; its catch-up must not record
     occurrences that have not happened yet, and it must say that its clock is off."""
     first = pg_replicas("first", beat_schedule={"s": every_second()})
-    first._tick()  # boots: s has history from now on
+    first.tick()  # boots: s has history from now on
     first.close()
     fast = pg_replicas("fast", beat_schedule={"s": every_second()})
     fast._clock.local = fast_by(30)
     with caplog.at_level(logging.WARNING, logger="voltro_beat"):
-        fast._tick()
+        fast.tick()
     offsets = [
         float(found.group(1))
         for r in caplog.records
@@ -162,10 +162,10 @@ def test_a_replica_adopts_the_clock_of_the_oldest_live_replica(
     pg_replicas: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     first = pg_replicas("first")
-    first._tick()
+    first.tick()
     later = pg_replicas("later", voltro_beat_clock="local")
     with caplog.at_level(logging.WARNING, logger="voltro_beat"):
-        later._tick()
+        later.tick()
     assert later._clock.mode == "database"
     assert any("adopting 'database'" in r.getMessage() for r in caplog.records)
 
@@ -176,7 +176,7 @@ def test_voltro_beat_replicas_lists_the_registry(replicas: Any, store_url: str) 
     from voltro_beat.cli import main
 
     one = replicas("one")
-    one._tick()  # the real clock: "live" is judged against it
+    one.tick()  # the real clock: "live" is judged against it
     result = CliRunner().invoke(main, ["replicas", "--store", store_url])
     assert result.exit_code == 0, result.output
     assert "one" in result.output and "yes" in result.output and "local" in result.output
@@ -191,14 +191,14 @@ def test_a_skewed_reading_never_publishes_before_the_instant_on_the_database_clo
     database's own clock; now it waits for the earliest the database's clock can read by the
     fence's own reading of it. Here the replica's clock is 300 ms ahead (and stays so)."""
     s = pg_replicas("skewed", beat_schedule={"s": every_second()})
-    s._tick()  # boots: reads the database's clock
+    s.tick()  # boots: reads the database's clock
     value, _, received = s._store.database.read_clock()
     s._clock._base = (value + timedelta(milliseconds=300), received)
     s._clock.error = timedelta(0)
     monkeypatch.setattr(s._clock, "observe", lambda *args: True)  # no reading corrects it
     database = Database.open(pg_url)
     early: list[tuple[str, float]] = []
-    publish = s._dispatch.publisher.publish
+    publish = s._engine.publisher.publish
 
     def spied(messages: Any) -> Any:
         clock = database.time()
@@ -208,11 +208,11 @@ def test_a_skewed_reading_never_publishes_before_the_instant_on_the_database_clo
                 early.append((key, (instant - clock).total_seconds()))
         return publish(messages)
 
-    monkeypatch.setattr(s._dispatch.publisher, "publish", spied)
+    monkeypatch.setattr(s._engine.publisher, "publish", spied)
     sent_before = len(drain(s.app))
     deadline = datetime.now(UTC) + timedelta(seconds=3.2)
     while datetime.now(UTC) < deadline:
-        time.sleep(min(max(s._tick(), 0.0), 0.05))
+        time.sleep(min(max(s.tick(), 0.0), 0.05))
     assert len(drain(s.app)) + sent_before >= 2  # the schedule did fire meanwhile
     assert early == []
     database.dispose()

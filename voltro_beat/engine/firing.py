@@ -1,0 +1,400 @@
+"""The firing engine: given the schedules, the store, the publisher and a clock, it decides
+and performs what is due, and says when it next needs to run.
+
+Each step sends the occurrences due within the claim lead through the coordination gate (one
+statement), keeps the ones this replica won until their instant, then publishes them: per
+chunk, the publish fence (a statement confirming in the store that this replica still holds
+them), the broker write, and the mark (:mod:`voltro_beat.dispatch`). Claiming ahead leaves
+only that for the instant itself, so a burst of ten thousand schedules reaches the broker
+within a fraction of a second of its boundary. Schedules with an overlap policy are claimed
+at their instant, when their predecessor's state is known. "Now" is the clock handed in (the
+database's, :mod:`voltro_beat.clock`). Store errors fail closed: nothing is published, the
+occurrences stay due and are tried again next step while they are within ``max_lateness``.
+
+The engine reads no clock but its own, starts no thread but through its runner
+(:mod:`voltro_beat.runner`), and never sleeps but through the function :meth:`Engine.close`
+is handed: a simulation drives it on a virtual timeline.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+
+from voltro_beat import catchup, dispatch, logs, retention
+from voltro_beat.clock import Clock
+from voltro_beat.config import Settings
+from voltro_beat.dispatch import Dispatcher, Fenced
+from voltro_beat.engine import recovery
+from voltro_beat.engine.guard import Guard
+from voltro_beat.engine.recorder import Recorder, graces, occurrence
+from voltro_beat.engine.timeline import Pending, Timeline
+from voltro_beat.engine.upkeep import Health, Sweeper
+from voltro_beat.exceptions import StoreError
+from voltro_beat.membership import Membership
+from voltro_beat.metrics import Metrics
+from voltro_beat.occurrences import Occurrence, next_after
+from voltro_beat.publisher import Publisher
+from voltro_beat.runner import Runner
+from voltro_beat.schedules import Entry
+from voltro_beat.status import Reason, Status
+from voltro_beat.store.beat import BeatStore
+
+logger = logging.getLogger(__name__)
+
+#: How long after a failed step the engine wants to run again.
+RETRY_DELAY = timedelta(seconds=1)
+#: While the store stays unreachable, the warning is repeated this often (seconds).
+STORE_DOWN_REPEAT = 30.0
+#: How far ahead of its instant an occurrence is claimed: LEAD_MIN, plus CLAIM_COST per
+#: schedule, so that a burst of every schedule at once is claimed before its boundary.
+#: CLAIM_COST leaves room for three replicas claiming one burst on two cores (the burst
+#: workload of bench/README.md).
+LEAD_MIN = timedelta(milliseconds=250)
+CLAIM_COST = timedelta(microseconds=300)
+LEAD_MAX = timedelta(seconds=30)
+#: At close, occurrences claimed ahead and due within this long are published on time; later
+#: ones are left to another replica's recovery sweep (``publish_timeout`` after their instant).
+CLOSE_WAIT = timedelta(seconds=3)
+#: Seconds between checks for queued runs whose predecessor finished.
+QUEUE_POLL = timedelta(seconds=1)
+#: Message templates are built, and retention batches deleted, only while the next
+#: occurrence is at least this far away.
+PREPARE_MARGIN = timedelta(milliseconds=200)
+#: How often the metrics' gauges (clock offset, table sizes) are read, when metrics are on.
+MEASURE_EVERY = timedelta(seconds=15)
+
+_NEVER = datetime.max.replace(tzinfo=UTC)
+_LONG_AGO = datetime.min.replace(tzinfo=UTC)
+
+
+class Engine:
+    """Fires one replica's schedules: every occurrence claimed in the store, published once."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        entries: Mapping[str, Entry],
+        store: BeatStore,
+        publisher: Publisher,
+        clock: Clock,
+        membership: Membership,
+        retention: Sequence[retention.Policy],
+        overlap_timeouts: Mapping[str, timedelta],
+        metrics: Metrics | None = None,
+        runner: Runner | None = None,
+    ) -> None:
+        self.settings = settings
+        self.entries = entries
+        self.store = store
+        self.publisher = publisher
+        self.clock = clock
+        self.membership = membership
+        self.metrics = metrics or Metrics()
+        #: How long a claim (or a fenced publish) is this replica's alone: after it, recovery
+        #: may take the run over (``voltro_beat_publish_timeout``).
+        self.lease = settings.publish_timeout
+        self.dispatch = Dispatcher(
+            store, publisher, entries, self.lease, clock, self.metrics, runner=runner
+        )
+        self.guard = Guard(store, entries, overlap_timeouts, self.metrics)
+        self.recorder = Recorder(
+            store,
+            entries,
+            self.guard,
+            settings.coordination,
+            self.lease,
+            graces(entries.values()),
+            self.metrics,
+        )
+        ahead = len(entries) - len(overlap_timeouts)
+        self.timeline = Timeline(
+            min(LEAD_MAX, LEAD_MIN + CLAIM_COST * ahead),
+            self.lease,
+            overlap_timeouts.keys(),
+            lambda: membership.yielded,
+        )
+        self.sweeper = Sweeper(store, membership, retention)
+        self.health = Health(settings.health_file, self.metrics, store, clock)
+        self.booted = False
+        #: Set by :meth:`close`, which Celery's SIGTERM handler may run in the middle of a step.
+        self.closed = False
+        #: Occurrences this replica won, by instant: fenced shortly before it, published at it.
+        self._ready: list[tuple[datetime, str, Occurrence]] = []
+        #: Fenced chunks, oldest instant first: published when their instant comes.
+        self._armed: collections.deque[Fenced] = collections.deque()
+        #: Schedules whose message templates are not built yet, soonest first.
+        self._unprepared: collections.deque[Pending] = collections.deque()
+        self._next_recovery = _LONG_AGO
+        self._next_retention = _LONG_AGO
+        self._next_heartbeat = _LONG_AGO
+        self._next_measure = _LONG_AGO
+        self._store_down_since: datetime | None = None
+        #: When the store-down warning was last logged (the clock's monotonic seconds).
+        self._store_down_warned = 0.0
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def step(self) -> datetime:
+        """Record and publish what is due now; return when to run again. Never raises."""
+        if self.closed:
+            return _NEVER
+        try:
+            return self.attempt()
+        except StoreError as exc:
+            self._on_store_error(exc)
+        except Exception:
+            logger.exception("voltro_beat: unexpected error in tick; retrying")
+        return self.clock.now() + RETRY_DELAY
+
+    def attempt(self) -> datetime:
+        """:meth:`step`, raising what it would log (the test plugin wants to see it)."""
+        clock = self.clock
+        self.dispatch.flush()
+        if not self.booted:
+            self._boot()
+        # What is due first (the heartbeat before claims: it says which schedules are
+        # yielded to a newer replica); the rest of the step is upkeep.
+        self._publish_ready()
+        if clock.now() >= self._next_heartbeat:
+            if self.membership.beat():
+                self.timeline.requeue()
+            self.health.touch()
+            self._next_heartbeat = clock.now() + self.membership.interval
+        self._fire_due(clock.now())
+        self._publish_ready()
+        if self.guard.queues:
+            self.guard.promote(clock.now(), self.dispatch, self.lease)
+        if clock.now() >= self._next_recovery:
+            self.recover()
+            self._next_recovery = clock.now() + self.lease / 2
+        if clock.now() >= self._next_retention:
+            now = clock.now()
+            self.sweeper.start(now)
+            self._next_retention = retention.slot(now) + retention.SWEEP_EVERY
+        while self.sweeper.busy and self._room():
+            if self.sweeper.step():
+                break  # the tick returns between whole batches: a long sweep holds back nothing
+        if self.metrics.enabled and clock.now() >= self._next_measure:
+            self.health.measure()
+            self._next_measure = clock.now() + MEASURE_EVERY
+        if self._store_down_since is not None:
+            logger.warning("voltro_beat: store %s is reachable again", self.store.display_url)
+            self._store_down_since = None
+            self.metrics.store_up(True)
+        # Message templates, soonest schedules first, while nothing is due: at 100,000
+        # schedules building them all takes minutes, and done at boot it would hold the first
+        # occurrences back. One at a time: on a loaded host a batch could run into a claim.
+        while self._unprepared and self._room():
+            self.publisher.prepare([self._unprepared.popleft().entry])
+        return self._wake(clock.now())
+
+    def recover(self) -> None:
+        """One recovery sweep (:mod:`voltro_beat.engine.recovery`)."""
+        if self.closed:  # close() ran from Celery's SIGTERM handler in the middle of this step
+            return
+        recovery.recover(
+            self.store, self.dispatch, self.membership, self.entries.keys(), self.metrics
+        )
+
+    def _boot(self) -> None:
+        """Upgrade the schema, join the registry (a first reading of the database's clock),
+        record catch-up per entry, and fill the timeline."""
+        if self.settings.migrate:
+            self.store.database.upgrade()
+        self.membership.join()
+        self._next_heartbeat = self.clock.now() + self.membership.interval
+        now = self.clock.now()
+        # An external entry is fired by `voltro-beat trigger` alone: no timer, no catch-up
+        # (its untriggered occurrences stay gaps in the ledger).
+        entries = [e for e in self.entries.values() if e.trigger == "beat"]
+        last = self.store.last_scheduled([e.name for e in entries])
+        backfill: list[Occurrence] = []
+        for entry in entries:
+            plan = catchup.plan(entry, last.get(entry.name), now, on_time=self.lease)
+            backfill += plan.occurrences
+            if plan.unrecorded_until is not None:
+                logger.warning(
+                    "voltro_beat: %s: occurrences at or before %s are beyond the catch-up cap "
+                    "(%d per schedule) and are not recorded",
+                    entry.name,
+                    plan.unrecorded_until.isoformat(),
+                    catchup.MAX_BACKFILL,
+                    extra=logs.fields(schedule=entry.name),
+                )
+        self._record(backfill, now)
+        for entry in entries:
+            first = next_after(entry.spec, now)
+            if first is not None:
+                self.timeline.push(Pending(entry, [first]))
+        self.booted = True
+        self._unprepared = collections.deque(self.timeline)
+
+    def _fire_due(self, now: datetime) -> None:
+        """Claim the occurrences whose claim time has come (their instant minus the lead).
+
+        A schedule whose changed definition fires on a more recently started replica is not
+        claimed here while that replica lives; its entries come up a lease after their
+        instant, so that they are claimed late if it died meanwhile (the registry no longer
+        counts it), and recorded ``missed`` (reason ``yielded``) through the gate if the
+        registry still counts it live: it would have claimed them long before, so it died or
+        hangs, and this replica's older definition is not the one to send. If it did claim
+        them, the gate finds their rows and records nothing.
+        """
+        due = self.timeline.due(now)
+        if not due:
+            return
+        yielded = self.membership.yielded
+        down = self._store_down_since
+        try:
+            self._record(
+                [
+                    occurrence(p.entry, at, now, down)
+                    if p.entry.name not in yielded
+                    else Occurrence.of(
+                        p.entry.name, p.entry.task, at, Status.MISSED, Reason.YIELDED
+                    )
+                    for p in due
+                    for at in p.instants
+                ],
+                now,
+            )
+            for p in due:
+                p.advance(now)
+        finally:
+            # On a store error the occurrences stay due and are tried again next step.
+            for p in due:
+                if p.instants:
+                    self.timeline.push(p)
+
+    def _record(self, occurrences: list[Occurrence], now: datetime) -> None:
+        for o in self.recorder.record(occurrences, now):
+            heapq.heappush(self._ready, (o.scheduled_at, o.key, o))
+
+    def _publish_ready(self) -> None:
+        """Fence the occurrences won ahead whose instant is near, and publish those whose
+        instant has come.
+
+        The fence comes half a claim lead before the instant, so that at the instant only the
+        broker writes and the marks are left; an occurrence the fence no longer finds this
+        replica's (its lease ran out while this process was paused, another replica took it
+        over) is not sent. If the broker fails, what is left of the instant stays ``claimed``
+        and goes to recovery once its lease runs out.
+        """
+        fence_until = self.clock.now() + self._fence_lead
+        while self._ready and self._ready[0][0] <= fence_until:
+            at = self._ready[0][0]
+            chunk: list[Occurrence] = []
+            while len(chunk) < dispatch.CHUNK and self._ready and self._ready[0][0] == at:
+                chunk.append(heapq.heappop(self._ready)[2])
+            self._armed.append(self.dispatch.fence(chunk))
+        due: list[Fenced] = []
+        while self._armed and self.dispatch.until(self._armed[0]) <= timedelta(0):
+            due.append(self._armed.popleft())
+        if due and not self.dispatch.deliver(due):
+            self._armed = collections.deque(
+                a for a in self._armed if self.dispatch.until(a) > timedelta(0)
+            )
+
+    # -- timing ---------------------------------------------------------------------------
+
+    @property
+    def _fence_lead(self) -> timedelta:
+        """How long before their instant the occurrences claimed ahead are fenced: half the
+        claim lead, and never so long that the fence is done again at the instant (see
+        Dispatcher.deliver)."""
+        return min(self.timeline.lead / 2, self.lease / 4)
+
+    def _next_due(self) -> datetime:
+        """The next claim time or instant to publish, whichever comes first."""
+        wake = self.timeline.next or _NEVER
+        if self._ready:
+            wake = min(wake, self._ready[0][0] - self._fence_lead)
+        if self._armed:
+            wake = min(wake, self.clock.now() + self.dispatch.until(self._armed[0]))
+        return wake
+
+    def _room(self) -> bool:
+        """Whether upkeep may run now: nothing is due within PREPARE_MARGIN."""
+        return self._next_due() - self.clock.now() >= PREPARE_MARGIN
+
+    def _wake(self, now: datetime) -> datetime:
+        wake = min(
+            self._next_recovery, self._next_retention, self._next_heartbeat, self._next_due()
+        )
+        if self.sweeper.busy and self._room():
+            wake = now  # the next batch of the retention sweep
+        if self.guard.queues:
+            # A queued run starts within a second of its predecessor finishing, whichever
+            # replica queued it (that one may be gone).
+            wake = min(wake, now + QUEUE_POLL)
+        return wake
+
+    def _on_store_error(self, exc: StoreError) -> None:
+        # Runs published just before the outage may still be unmarked by their owners (this
+        # replica's wait in its dispatcher): give every owner a full lease with the store back
+        # before any recovery sweep of this replica republishes a run it did publish.
+        now = self.clock.now()
+        self._next_recovery = max(self._next_recovery, now + self.lease)
+        self.metrics.store_error()
+        # A duration inside this process: the monotonic clock.
+        at = self.clock.monotonic()
+        if self._store_down_since is None:
+            self._store_down_since = now
+            self._store_down_warned = at
+            logger.warning("voltro_beat: publishing nothing while the store is down: %s", exc)
+        elif at - self._store_down_warned >= STORE_DOWN_REPEAT:
+            self._store_down_warned = at
+            logger.warning(
+                "voltro_beat: store still down since %s, publishing nothing, retrying: %s",
+                self._store_down_since.isoformat(timespec="seconds"),
+                exc,
+            )
+        else:
+            logger.debug("voltro_beat: store still down: %s", exc)
+
+    # -- stopping -------------------------------------------------------------------------
+
+    def close(
+        self, sleep: Callable[[float], None] = time.sleep, wait: timedelta = CLOSE_WAIT
+    ) -> None:
+        """Publish what is claimed and due within ``wait`` (waiting with ``sleep``), leave
+        the registry, then stop the dispatcher; safe to call more than once. The publisher
+        and the store are the caller's to release."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._flush_ready(sleep, wait)
+            if self.booted:
+                self.membership.leave()
+        except Exception as exc:  # a stopping beat must still stop
+            logger.warning("voltro_beat: could not finish cleanly: %s", exc)
+        finally:
+            self.dispatch.close()
+
+    def _flush_ready(self, sleep: Callable[[float], None], wait: timedelta) -> None:
+        """Publish the occurrences claimed ahead, each at its instant, waiting at most
+        ``wait``; what is left is republished by another replica's recovery sweep."""
+        end = self.clock.monotonic() + wait.total_seconds()
+        try:
+            while self._ready or self._armed:
+                until = (self._next_due() - self.clock.now()).total_seconds()
+                if until > end - self.clock.monotonic():
+                    break
+                sleep(max(0.0, until))
+                self._publish_ready()
+        except Exception as exc:  # a stopping beat must still stop
+            logger.warning("voltro_beat: could not publish claimed runs at close: %s", exc)
+        left = len(self._ready) + sum(len(fenced.runs) for fenced in self._armed)
+        if left:
+            logger.warning(
+                "voltro_beat: %d claimed runs left for another replica's recovery sweep",
+                left,
+                extra=logs.fields(count=left),
+            )

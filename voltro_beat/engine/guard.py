@@ -1,0 +1,105 @@
+"""The overlap guard: occurrences of ``skip`` / ``queue`` schedules with a live predecessor
+become ``skipped`` / ``queued`` rows, and queued runs are published once it ended.
+
+The decisions are :mod:`voltro_beat.overlap`'s; this reads the live runs they need from the
+store (noting the stale ones there on the way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from voltro_beat import overlap
+from voltro_beat.dispatch import Dispatcher
+from voltro_beat.metrics import Metrics
+from voltro_beat.occurrences import Occurrence
+from voltro_beat.schedules import Entry
+from voltro_beat.status import Reason, Status
+from voltro_beat.store.beat import BeatStore
+
+#: How long a live run blocks the next one of a ``skip`` / ``queue`` schedule by default.
+DEFAULT_OVERLAP_TIMEOUT = timedelta(hours=1)
+
+
+class Guard:
+    """The overlap policies of one replica's schedules."""
+
+    def __init__(
+        self,
+        store: BeatStore,
+        entries: Mapping[str, Entry],
+        timeouts: Mapping[str, timedelta],
+        metrics: Metrics,
+    ) -> None:
+        self._store = store
+        self._entries = entries
+        #: Per ``skip`` / ``queue`` schedule: how long a live run blocks the next one.
+        self.timeouts = timeouts
+        #: The ``queue`` schedules, whose queued runs wait for their predecessor.
+        self.queues = [name for name in timeouts if entries[name].on_overlap == "queue"]
+        self._metrics = metrics
+
+    def apply(self, occurrences: list[Occurrence], now: datetime) -> list[Occurrence]:
+        """``occurrences`` with those of guarded schedules that have a live predecessor
+        turned ``skipped`` / ``queued``."""
+        guarded = sorted({o.schedule for o in occurrences if o.schedule in self.timeouts})
+        if not guarded:
+            return occurrences
+        views = self._live_views(guarded, now)
+        decided = []
+        for o in sorted(occurrences, key=lambda o: o.scheduled_at):
+            entry = self._entries[o.schedule]
+            if entry.on_overlap == "allow" or o.status != Status.CLAIMED:
+                decided.append(o)
+                continue
+            status, reason = overlap.decide(entry.on_overlap, o.scheduled_at, views[o.schedule])
+            if status == Status.CLAIMED:
+                # Whatever of this schedule follows in the same tick waits behind this one.
+                run = replace(o, since=now)
+                views[o.schedule] = overlap.with_claimed(views[o.schedule], run)
+            decided.append(replace(o, status=status, reason=reason))
+        return decided
+
+    def promote(self, now: datetime, dispatch: Dispatcher, lease: timedelta) -> None:
+        """Publish the oldest queued run of each ``queue`` schedule whose predecessor ended
+        (or record it missed, past its lateness)."""
+        views = self._live_views(self.queues, now)
+        for name, view in views.items():
+            run = overlap.next_to_promote(view)
+            if run is None:
+                continue
+            entry = self._entries[name]
+            if now - run.scheduled_at > entry.max_lateness:
+                self._store.mark_missed([run.key], reason=Reason.LATE, waiting=Status.QUEUED)
+                self._metrics.missed([replace(run, status=Status.MISSED, reason=Reason.LATE)])
+            elif self._store.promote(run.key, lease=lease):
+                dispatch.send([run])
+
+    def _live_views(self, names: list[str], now: datetime) -> dict[str, overlap.View]:
+        """Each schedule's live runs; stale ones are marked in their rows on the way."""
+        since = now - max(self._live_window(n) for n in names)
+        live: dict[str, list[Occurrence]] = {name: [] for name in names}
+        for run in self._store.live_runs(names, since=since):
+            live[run.schedule].append(run)
+        views = {
+            name: overlap.view(runs, now=now, timeout=self.timeouts[name])
+            for name, runs in live.items()
+        }
+        stale = [run.key for v in views.values() for run in v.stale]
+        if stale:
+            self._store.note_overlap_timeout(stale)
+        return views
+
+    def _live_window(self, name: str) -> timedelta:
+        """How far back the live runs of a ``skip`` / ``queue`` schedule can be scheduled.
+
+        A run blocks for the overlap timeout counted from its start, which is soon after its
+        instant, unless it waited in a ``queue`` backlog: that reaches back ``max_lateness``.
+        A run outside this window is not seen at all: the next one would be promoted while it
+        runs, and a queued one would be neither promoted nor recorded missed.
+        """
+        window = self.timeouts[name] * 2
+        entry = self._entries[name]
+        return window + entry.max_lateness if entry.on_overlap == "queue" else window

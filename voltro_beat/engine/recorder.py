@@ -1,0 +1,140 @@
+"""The gate's side of firing: occurrences sent through the coordination gate in one
+statement, the ones this replica won kept for their instant, the others' fates logged.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+
+from voltro_beat import logs
+from voltro_beat.coordination import Coordination
+from voltro_beat.engine.guard import Guard
+from voltro_beat.metrics import Metrics
+from voltro_beat.occurrences import Occurrence
+from voltro_beat.schedules import Entry, cadence
+from voltro_beat.status import Reason, Status
+from voltro_beat.store.beat import BeatStore
+
+logger = logging.getLogger(__name__)
+
+#: Occurrences per claim statement: a tick claims everything due in one round trip up to this.
+BATCH = 100_000
+
+
+def occurrence(entry: Entry, at: datetime, now: datetime, down: datetime | None) -> Occurrence:
+    """The occurrence of ``entry`` at ``at`` to record ``now``: ``claimed`` until its
+    deadline, ``missed`` after it (guarantee 6), because the store was down since ``down``
+    or late."""
+    deadline = at + entry.max_lateness
+    if now <= deadline:
+        return Occurrence.of(entry.name, entry.task, at, deadline=deadline)
+    reason = (
+        Reason.STORE_DOWN if down is not None and at >= down - entry.max_lateness else Reason.LATE
+    )
+    return Occurrence.of(entry.name, entry.task, at, Status.MISSED, reason)
+
+
+class Recorder:
+    """Records occurrences of one replica's schedules in the store."""
+
+    def __init__(
+        self,
+        store: BeatStore,
+        entries: Mapping[str, Entry],
+        guard: Guard,
+        coordination: Coordination,
+        lease: timedelta,
+        graces: Mapping[str, timedelta],
+        metrics: Metrics,
+    ) -> None:
+        self._store = store
+        self._entries = entries
+        self._guard = guard
+        self._coordination = coordination
+        self._lease = lease
+        #: Per schedule: claims older than this much before a won occurrence are pruned.
+        self._graces = graces
+        self._metrics = metrics
+
+    def record(self, occurrences: list[Occurrence], now: datetime) -> list[Occurrence]:
+        """Send ``occurrences`` through the gate; return the ones won to publish."""
+        # Sorted by key, every replica locks the keys in the same order: no deadlock between
+        # claim statements.
+        occurrences = sorted(self._guard.apply(occurrences, now), key=lambda o: o.key)
+        won_claims: list[Occurrence] = []
+        recorded: dict[tuple[str, str, str | None], list[datetime]] = collections.defaultdict(list)
+        for i in range(0, len(occurrences), BATCH):
+            batch = occurrences[i : i + BATCH]
+            with self._metrics.claim_statement():
+                won = self._store.claim(
+                    batch, coordination=self._coordination, lease=self._lease, prune=self._graces
+                )
+            self._metrics.recorded(batch, won)
+            lost = len(batch) - len(won)
+            if lost:
+                logger.debug(
+                    "voltro_beat: %d occurrences claimed by other replicas",
+                    lost,
+                    extra=logs.fields(count=lost),
+                )
+            for o in batch:
+                if o.key not in won:
+                    continue
+                if o.status == Status.CLAIMED:
+                    won_claims.append(o)
+                else:
+                    logger.debug(
+                        "voltro_beat: %s recorded %s (%s)",
+                        o.key,
+                        o.status,
+                        o.reason,
+                        extra=logs.fields(
+                            key=o.key, schedule=o.schedule, status=o.status, reason=o.reason
+                        ),
+                    )
+                    recorded[o.schedule, o.status, o.reason].append(o.scheduled_at)
+        self._summarise(recorded)
+        return won_claims
+
+    def _summarise(self, recorded: Mapping[tuple[str, str, str | None], list[datetime]]) -> None:
+        """One line per schedule and fate (a catch-up after a long downtime records
+        hundreds)."""
+        for (name, status, reason), instants in sorted(recorded.items()):
+            entry = self._entries[name]
+            policy = (
+                f"catch_up={entry.catch_up}"
+                if reason == Reason.CATCH_UP
+                else f"on_overlap={entry.on_overlap}"
+                if reason == Reason.OVERLAP or status == Status.QUEUED
+                else f"max_lateness={entry.max_lateness.total_seconds():g}s"
+            )
+            window = (
+                instants[0].isoformat()
+                if len(instants) == 1
+                else f"{min(instants).isoformat()} .. {max(instants).isoformat()}"
+            )
+            logger.info(
+                "voltro_beat: %s: %d %s recorded %s (%s), %s; %s",
+                name,
+                len(instants),
+                "occurrence" if len(instants) == 1 else "occurrences",
+                status,
+                reason,
+                window,
+                policy,
+                extra=logs.fields(schedule=name, count=len(instants), status=status, reason=reason),
+            )
+
+
+def graces(entries: Iterable[Entry]) -> dict[str, timedelta]:
+    """Per schedule, how long its claims outlive a newer win: about sixty predecessors,
+    1 min..1 h (none for a schedule without a cadence)."""
+    found = {}
+    for entry in entries:
+        step = cadence(entry.spec)
+        if step is not None:
+            found[entry.name] = min(max(step * 60, timedelta(minutes=1)), timedelta(hours=1))
+    return found

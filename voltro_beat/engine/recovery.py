@@ -1,0 +1,72 @@
+"""Recovery: runs whose replica did not finish them, finished by another.
+
+Runs left ``claimed`` past their deadline are recorded missed; the others whose lease ran out
+(a crashed or paused replica, a broker outage) are taken over and republished with their own
+task ids; runs a replica marked and stopped before settling are recorded published.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+
+from voltro_beat import dispatch, logs
+from voltro_beat.dispatch import Dispatcher
+from voltro_beat.membership import Membership
+from voltro_beat.metrics import Metrics
+from voltro_beat.status import Status
+from voltro_beat.store.beat import BeatStore
+
+logger = logging.getLogger(__name__)
+
+
+def recover(
+    store: BeatStore,
+    dispatcher: Dispatcher,
+    membership: Membership,
+    schedules: Collection[str],
+    metrics: Metrics,
+) -> None:
+    """One recovery sweep of ``schedules`` (this replica's, less those yielded to a newer
+    definition): a chunk at a time, each leased when taken; chunks follow one another for at
+    most half a lease (on the dispatcher's clock), or until the broker fails."""
+    lease = dispatcher.lease
+    settled = store.settle_abandoned(after=lease)
+    if settled:
+        logger.info(
+            "voltro_beat: %d sent runs recorded published (their replica stopped between "
+            "their mark and its settle)",
+            settled,
+            extra=logs.fields(count=settled),
+        )
+    if not store.any_lapsed():
+        return
+    monotonic = dispatcher.clock.monotonic
+    started = monotonic()
+    while monotonic() - started < lease.total_seconds() / 2:
+        expired = store.expire(known=membership.known, limit=dispatch.CHUNK)
+        metrics.missed(expired)
+        for reason in sorted({o.reason or "" for o in expired}):
+            count = sum(1 for o in expired if o.reason == reason)
+            logger.warning(
+                "voltro_beat: %d unpublished runs past their deadline recorded missed (%s)",
+                count,
+                reason,
+                extra=logs.fields(count=count, status=Status.MISSED, reason=reason),
+            )
+        taken = store.take_over(
+            schedules=[s for s in schedules if s not in membership.yielded],
+            hold=lease,
+            limit=dispatch.CHUNK,
+        )
+        if taken:
+            logger.warning(
+                "voltro_beat: republishing %d unconfirmed runs",
+                len(taken),
+                extra=logs.fields(count=len(taken)),
+            )
+            metrics.republished(taken)
+            if not dispatcher.send(taken):
+                return
+        if len(expired) < dispatch.CHUNK and len(taken) < dispatch.CHUNK:
+            return

@@ -1,0 +1,97 @@
+"""The timeline: every schedule by the time its next occurrences are to be claimed.
+
+An occurrence is claimed a lead ahead of its instant (so that a burst is in the store before
+its boundary), a schedule with an overlap policy at its instant (when its predecessor's state
+is known), and a schedule yielded to a newer replica's definition a lease after its instant
+(see :meth:`voltro_beat.engine.Engine.step`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from voltro_beat.occurrences import next_after
+from voltro_beat.schedules import Entry
+
+#: Occurrences of one schedule handled per tick when it is behind (after a pause or outage).
+MAX_BACKLOG = 1000
+
+
+@dataclass(slots=True)
+class Pending:
+    """A schedule on the timeline: the occurrences it has to record next, oldest first."""
+
+    entry: Entry
+    instants: list[datetime]
+
+    def advance(self, now: datetime) -> None:
+        """Move past the occurrences just recorded: on to those due by ``now``, or the next."""
+        instants: list[datetime] = []
+        at = next_after(self.entry.spec, self.instants[-1])
+        while at is not None and at <= now and len(instants) < MAX_BACKLOG:
+            instants.append(at)
+            at = next_after(self.entry.spec, at)
+        if not instants and at is not None:
+            instants.append(at)
+        self.instants = instants
+
+
+class Timeline:
+    """Schedules by claim time, soonest first."""
+
+    def __init__(
+        self,
+        lead: timedelta,
+        lease: timedelta,
+        guarded: Collection[str],
+        yielded: Callable[[], Collection[str]],
+    ) -> None:
+        self.lead = lead
+        self._lease = lease
+        #: Schedules with an overlap policy: claimed at their instant.
+        self._guarded = guarded
+        #: The schedules yielded to a newer replica's definition, as the registry says now.
+        self._yielded = yielded
+        self._heap: list[tuple[datetime, int, Pending]] = []
+        self._seq = itertools.count()
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def __iter__(self) -> Iterator[Pending]:
+        """Every schedule on the timeline, soonest claim time first."""
+        return iter([pending for _, _, pending in sorted(self._heap)])
+
+    @property
+    def next(self) -> datetime | None:
+        """The soonest claim time."""
+        return self._heap[0][0] if self._heap else None
+
+    def push(self, pending: Pending) -> None:
+        heapq.heappush(self._heap, (self._claim_time(pending), next(self._seq), pending))
+
+    def due(self, now: datetime) -> list[Pending]:
+        """Take off the timeline the schedules whose claim time has come."""
+        due: list[Pending] = []
+        while self._heap and self._heap[0][0] <= now:
+            due.append(heapq.heappop(self._heap)[2])
+        return due
+
+    def requeue(self) -> None:
+        """Give every schedule its claim time again (the schedules yielded changed)."""
+        self._heap = [(self._claim_time(p), seq, p) for _, seq, p in self._heap]
+        heapq.heapify(self._heap)
+
+    def _claim_time(self, pending: Pending) -> datetime:
+        name = pending.entry.name
+        if name in self._yielded():
+            lead = -self._lease
+        elif name in self._guarded:
+            lead = timedelta(0)
+        else:
+            lead = self.lead
+        return pending.instants[0] - lead
