@@ -24,7 +24,7 @@ from celery import Celery
 from click.testing import CliRunner
 
 from voltro_beat.cli import main
-from voltro_beat.engine import firing
+from voltro_beat.engine import upkeep
 from voltro_beat.scheduler import EX_CONFIG, VoltroScheduler
 
 pytestmark = pytest.mark.postgres
@@ -175,7 +175,7 @@ def test_the_outage_is_warned_about_again_at_a_steady_interval_and_in_the_metric
             scheduler.tick()  # within STORE_DOWN_REPEAT of the first warning: DEBUG only
             assert len(warnings(caplog)) == 1
             assert "publishing nothing while the store is down" in warnings(caplog)[0]
-            monkeypatch.setattr(firing, "STORE_DOWN_REPEAT", 0.0)
+            monkeypatch.setattr(upkeep, "STORE_DOWN_REPEAT", 0.0)
             scheduler.tick()
             scheduler.tick()
         again = warnings(caplog)[1:]

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
-from voltro_beat import catchup, dispatch, logs, retention
+from voltro_beat import dispatch, logs, retention
 from voltro_beat.clock import Clock
 from voltro_beat.config import Settings
 from voltro_beat.dispatch import Dispatcher, Fenced
@@ -48,8 +48,6 @@ logger = logging.getLogger(__name__)
 
 #: How long after a failed step the engine wants to run again.
 RETRY_DELAY = timedelta(seconds=1)
-#: While the store stays unreachable, the warning is repeated this often (seconds).
-STORE_DOWN_REPEAT = 30.0
 #: How far ahead of its instant an occurrence is claimed: LEAD_MIN, plus CLAIM_COST per
 #: schedule, so that a burst of every schedule at once is claimed before its boundary.
 #: CLAIM_COST leaves room for three replicas claiming one burst on two cores (the burst
@@ -134,9 +132,6 @@ class Engine:
         self._next_retention = _LONG_AGO
         self._next_heartbeat = _LONG_AGO
         self._next_measure = _LONG_AGO
-        self._store_down_since: datetime | None = None
-        #: When the store-down warning was last logged (the clock's monotonic seconds).
-        self._store_down_warned = 0.0
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -183,10 +178,7 @@ class Engine:
         if self.metrics.enabled and clock.now() >= self._next_measure:
             self.health.measure()
             self._next_measure = clock.now() + MEASURE_EVERY
-        if self._store_down_since is not None:
-            logger.warning("voltro_beat: store %s is reachable again", self.store.display_url)
-            self._store_down_since = None
-            self.metrics.store_up(True)
+        self.health.store_up()
         # Message templates, soonest schedules first, while nothing is due: at 100,000
         # schedules building them all takes minutes, and done at boot it would hold the first
         # occurrences back. One at a time: on a loaded host a batch could run into a claim.
@@ -213,20 +205,7 @@ class Engine:
         # An external entry is fired by `voltro-beat trigger` alone: no timer, no catch-up
         # (its untriggered occurrences stay gaps in the ledger).
         entries = [e for e in self.entries.values() if e.trigger == "beat"]
-        last = self.store.last_scheduled([e.name for e in entries])
-        backfill: list[Occurrence] = []
-        for entry in entries:
-            plan = catchup.plan(entry, last.get(entry.name), now, on_time=self.lease)
-            backfill += plan.occurrences
-            if plan.unrecorded_until is not None:
-                logger.warning(
-                    "voltro_beat: %s: occurrences at or before %s are beyond the catch-up cap "
-                    "(%d per schedule) and are not recorded",
-                    entry.name,
-                    plan.unrecorded_until.isoformat(),
-                    catchup.MAX_BACKFILL,
-                    extra=logs.fields(schedule=entry.name),
-                )
+        backfill = self.recorder.catch_up(entries, now)
         self._record(backfill, now)
         for entry in entries:
             first = next_after(entry.spec, now)
@@ -250,7 +229,7 @@ class Engine:
         if not due:
             return
         yielded = self.membership.yielded
-        down = self._store_down_since
+        down = self.health.down_since
         try:
             self._record(
                 [
@@ -339,24 +318,8 @@ class Engine:
         # Runs published just before the outage may still be unmarked by their owners (this
         # replica's wait in its dispatcher): give every owner a full lease with the store back
         # before any recovery sweep of this replica republishes a run it did publish.
-        now = self.clock.now()
-        self._next_recovery = max(self._next_recovery, now + self.lease)
-        self.metrics.store_error()
-        # A duration inside this process: the monotonic clock.
-        at = self.clock.monotonic()
-        if self._store_down_since is None:
-            self._store_down_since = now
-            self._store_down_warned = at
-            logger.warning("voltro_beat: publishing nothing while the store is down: %s", exc)
-        elif at - self._store_down_warned >= STORE_DOWN_REPEAT:
-            self._store_down_warned = at
-            logger.warning(
-                "voltro_beat: store still down since %s, publishing nothing, retrying: %s",
-                self._store_down_since.isoformat(timespec="seconds"),
-                exc,
-            )
-        else:
-            logger.debug("voltro_beat: store still down: %s", exc)
+        self._next_recovery = max(self._next_recovery, self.clock.now() + self.lease)
+        self.health.store_down(exc)
 
     # -- stopping -------------------------------------------------------------------------
 

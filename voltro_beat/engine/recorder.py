@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
-from voltro_beat import logs
+from voltro_beat import catchup, logs
 from voltro_beat.coordination import Coordination
 from voltro_beat.engine.guard import Guard
 from voltro_beat.metrics import Metrics
@@ -98,6 +98,25 @@ class Recorder:
                     recorded[o.schedule, o.status, o.reason].append(o.scheduled_at)
         self._summarise(recorded)
         return won_claims
+
+    def catch_up(self, entries: Sequence[Entry], now: datetime) -> list[Occurrence]:
+        """At boot: the occurrences of ``entries`` since their last recorded one that their
+        ``catch_up`` policy asks to record (:mod:`voltro_beat.catchup`)."""
+        last = self._store.last_scheduled([e.name for e in entries])
+        backfill: list[Occurrence] = []
+        for entry in entries:
+            plan = catchup.plan(entry, last.get(entry.name), now, on_time=self._lease)
+            backfill += plan.occurrences
+            if plan.unrecorded_until is not None:
+                logger.warning(
+                    "voltro_beat: %s: occurrences at or before %s are beyond the catch-up cap "
+                    "(%d per schedule) and are not recorded",
+                    entry.name,
+                    plan.unrecorded_until.isoformat(),
+                    catchup.MAX_BACKFILL,
+                    extra=logs.fields(schedule=entry.name),
+                )
+        return backfill
 
     def _summarise(self, recorded: Mapping[tuple[str, str, str | None], list[datetime]]) -> None:
         """One line per schedule and fate (a catch-up after a long downtime records

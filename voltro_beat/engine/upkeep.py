@@ -15,7 +15,7 @@ from pathlib import Path
 from voltro_beat import logs, retention
 from voltro_beat.clock import Clock
 from voltro_beat.config import Settings
-from voltro_beat.exceptions import ConfigurationError
+from voltro_beat.exceptions import ConfigurationError, StoreError
 from voltro_beat.membership import FORGET_AFTER, Membership
 from voltro_beat.metrics import Metrics
 from voltro_beat.schedules import Entry
@@ -24,6 +24,9 @@ from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.tables import CLAIMS, RUNS
 
 logger = logging.getLogger(__name__)
+
+#: While the store stays unreachable, the warning is repeated this often (seconds).
+STORE_DOWN_REPEAT = 30.0
 
 
 def policies(settings: Settings, entries: Sequence[Entry]) -> list[retention.Policy]:
@@ -119,7 +122,7 @@ class Sweeper:
 
 
 class Health:
-    """The health file and the metrics' gauges of one replica."""
+    """One replica's health: the health file, the metrics' gauges, store outages."""
 
     def __init__(self, path: str | None, metrics: Metrics, store: BeatStore, clock: Clock):
         self._path = path
@@ -127,6 +130,36 @@ class Health:
         self._store = store
         self._clock = clock
         self._warned = False
+        #: Since when the store has failed every step (None: it answers).
+        self.down_since: datetime | None = None
+        #: When the store-down warning was last logged (the clock's monotonic seconds).
+        self._down_warned = 0.0
+
+    def store_down(self, exc: StoreError) -> None:
+        """A step failed on the store: warn at once, then every STORE_DOWN_REPEAT seconds."""
+        self._metrics.store_error()
+        # A duration inside this process: the monotonic clock.
+        at = self._clock.monotonic()
+        if self.down_since is None:
+            self.down_since = self._clock.now()
+            self._down_warned = at
+            logger.warning("voltro_beat: publishing nothing while the store is down: %s", exc)
+        elif at - self._down_warned >= STORE_DOWN_REPEAT:
+            self._down_warned = at
+            logger.warning(
+                "voltro_beat: store still down since %s, publishing nothing, retrying: %s",
+                self.down_since.isoformat(timespec="seconds"),
+                exc,
+            )
+        else:
+            logger.debug("voltro_beat: store still down: %s", exc)
+
+    def store_up(self) -> None:
+        """A step went through: say so if the store was down."""
+        if self.down_since is not None:
+            logger.warning("voltro_beat: store %s is reachable again", self._store.display_url)
+            self.down_since = None
+            self._metrics.store_up(True)
 
     def touch(self) -> None:
         """Freshen the health file: done after each heartbeat the store took, so fresh only
