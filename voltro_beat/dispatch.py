@@ -35,14 +35,12 @@ send again.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from types import FrameType
 
 from voltro_beat import logs
 from voltro_beat.clock import Clock, Reading
@@ -59,8 +57,6 @@ logger = logging.getLogger(__name__)
 #: Runs per fence and per broker write: a crash between a write and its mark leaves at most
 #: two chunks (the one being marked, the one being written) to be sent again.
 CHUNK = 1000
-#: Signals held while a chunk is written (what Celery's beat stops on).
-HELD_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +151,7 @@ class Dispatcher:
                 chunk = fenced.runs
                 if not chunk:
                     continue
-                with _signals_held(), self._renewing([o.key for o in chunk]):
+                with self.runner.hold_signals(), self._renewing([o.key for o in chunk]):
                     sent, answered = self._write(chunk)
                     try:
                         _wait(marking)
@@ -331,33 +327,3 @@ def _wait(marking: Future[None] | None) -> None:
     """Wait for a mark under way (raises :class:`StoreError` if it failed)."""
     if marking is not None:
         marking.result()
-
-
-@contextmanager
-def _signals_held() -> Iterator[None]:
-    """Hold :data:`HELD_SIGNALS` until the block ends, then raise them again.
-
-    Only the main thread may change signal handlers (and only it runs them); a handler not
-    installed from Python is left alone.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-
-    def hold(signum: int, frame: FrameType | None) -> None:
-        if signum not in caught:
-            caught.append(signum)
-
-    previous = {
-        held: signal.signal(held, hold)
-        for held in HELD_SIGNALS
-        if signal.getsignal(held) is not None
-    }
-    try:
-        yield
-    finally:
-        for held, handler in previous.items():
-            signal.signal(held, handler)
-        for signum in caught:
-            signal.raise_signal(signum)

@@ -10,7 +10,6 @@ publishes it is the engine's.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from datetime import timedelta
 from importlib.metadata import version
@@ -205,7 +204,7 @@ class VoltroScheduler(beat.Scheduler):
             return
         self._closed = True
         try:
-            self._engine.close(sleep=time.sleep, wait=self.close_wait)
+            self._engine.close(wait=self.close_wait)
         finally:
             self._engine.publisher.reset()
             self._store.close()

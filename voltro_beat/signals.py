@@ -37,9 +37,9 @@ after a whole lease of renewals by a live execution it skips.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
-import time
 import uuid
 import weakref
 from collections.abc import Callable
@@ -52,6 +52,7 @@ from celery.exceptions import Ignore, Reject, TimeLimitExceeded, WorkerLostError
 from voltro_beat import ledger, logs
 from voltro_beat.config import Settings
 from voltro_beat.ledger import Event, RunState, Verdict
+from voltro_beat.runner import Runner, Threads
 from voltro_beat.store.database import Database
 from voltro_beat.store.run_writer import RunWriter
 
@@ -73,7 +74,9 @@ _GUARD_MARK = "_voltro_guard_wraps"
 POLL = timedelta(seconds=1)
 
 
-def attach(app: Celery) -> None:
+def attach(
+    app: Celery, *, runner: Runner | None = None, now: Callable[[], datetime] | None = None
+) -> None:
     """Record the runs of voltro_beat's occurrences from this app's workers.
 
     Call it once in the module that defines the Celery app, next to the app::
@@ -85,9 +88,14 @@ def attach(app: Celery) -> None:
     receivers (which fire in workers) and opens no connection; each worker process opens its
     own lazily, after the fork. The store URL and the duplicate guard come from the app's
     ``voltro_beat_*`` settings, read at the first recorded event.
+
+    ``runner`` (lease renewals, polls: threads and real time by default) and ``now`` (the
+    clock the run rows' stamps are read from: this host's by default) are seams for a
+    simulation (tests/sim), which runs a worker on a virtual timeline.
     """
-    if not isinstance(getattr(app, _APP_ATTR, None), _Recorder):
-        setattr(app, _APP_ATTR, _Recorder(app))
+    recorder = getattr(app, _APP_ATTR, None)
+    if not isinstance(recorder, _Recorder) or runner is not None or now is not None:
+        setattr(app, _APP_ATTR, _Recorder(app, runner=runner, now=now))
     _connect_receivers()
     if app.finalized:
         # Tasks already bound (say, attach() after the worker started importing): wrap them
@@ -98,8 +106,19 @@ def attach(app: Celery) -> None:
 class _Recorder:
     """One app's ledger writer in one process: opened lazily, once per process."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(
+        self,
+        app: Celery,
+        *,
+        runner: Runner | None = None,
+        now: Callable[[], datetime] | None = None,
+    ) -> None:
         self.app = app
+        #: Renews the start claims and waits between polls (a forked child makes its own).
+        self._own_runner = runner is None
+        self.runner: Runner = runner or Threads("voltro-beat-worker")
+        #: The clock of the rows' stamps (started_at, finished_at).
+        self.now = now or _utc_now
         #: The worker's node name, for rows written by its main process.
         self.hostname: str | None = None
         self._lock = threading.Lock()
@@ -110,7 +129,7 @@ class _Recorder:
         self._failing = False
         #: The runs this process started and holds (key -> worker), renewed by its renewer.
         self._held: dict[str, str] = {}
-        self._renewer: threading.Thread | None = None
+        self._renewing = False
         _RECORDERS.add(self)
 
     def writer(self) -> RunWriter | None:
@@ -144,7 +163,9 @@ class _Recorder:
             self._pid = None
             # The parent's renewer thread did not survive the fork, nor do its runs belong here.
             self._held = {}
-            self._renewer = None
+            self._renewing = False
+            if self._own_runner:
+                self.runner = Threads("voltro-beat-worker")
 
     def start(self, key: str, *, attempt: int, worker: str) -> Verdict:
         """Claim the start of ``key``'s ``attempt`` for ``worker``: the verdict on its body.
@@ -153,11 +174,12 @@ class _Recorder:
         or if the ledger cannot tell (no row, unwritable: the ledger never stops a task on
         its own failure); SKIP for a second delivery the guard stops.
         """
-        deadline = time.monotonic() + (self.lease + POLL).total_seconds()
+        # Polls for a whole lease and one more: a live execution renews within that.
+        polls = math.ceil(self.lease / POLL) + 1
         while True:
             moved = self.record(
                 Event.STARTED,
-                now=_now(),
+                now=self.now(),
                 key=key,
                 attempt=attempt,
                 worker=worker,
@@ -171,10 +193,11 @@ class _Recorder:
             verdict = ledger.second_delivery(self.state(key), attempt)
             if verdict is not Verdict.WAIT:
                 return verdict
-            if time.monotonic() >= deadline:
+            if polls == 0:
                 # Renewed for a whole lease: the other execution is alive.
                 return Verdict.SKIP
-            time.sleep(POLL.total_seconds())
+            polls -= 1
+            self.runner.sleep(POLL.total_seconds())
 
     def release(self, key: str) -> None:
         """Stop renewing ``key`` (its delivery ended, whatever way)."""
@@ -224,26 +247,23 @@ class _Recorder:
     def _hold(self, key: str, worker: str) -> None:
         with self._lock:
             self._held[key] = worker
-            if self._renewer is None or not self._renewer.is_alive():
-                self._renewer = threading.Thread(
-                    target=self._renew, name="voltro-beat-worker-lease", daemon=True
-                )
-                self._renewer.start()
+            start = not self._renewing
+            self._renewing = True
+        if start:  # for as long as the process lives
+            self.runner.every(self.lease.total_seconds() / 3, self._renew)
 
     def _renew(self) -> None:
-        """Renew the leases of the runs this process holds, every third of a lease."""
-        while True:
-            time.sleep(self.lease.total_seconds() / 3)
-            with self._lock:
-                held = dict(self._held)
-            writer = self.writer()
-            if writer is None:
-                continue
-            for key, worker in held.items():
-                try:
-                    writer.renew(key, worker=worker, lease=self.lease)
-                except Exception as exc:
-                    self._failed("a worker lease", exc, key=key)
+        """Renew the leases of the runs this process holds (every third of a lease)."""
+        with self._lock:
+            held = dict(self._held)
+        writer = self.writer() if held else None
+        if writer is None:
+            return
+        for key, worker in held.items():
+            try:
+                writer.renew(key, worker=worker, lease=self.lease)
+            except Exception as exc:
+                self._failed("a worker lease", exc, key=key)
 
     def _open(self) -> None:
         try:
@@ -291,7 +311,7 @@ def _recorder(app: Any) -> _Recorder | None:
     return recorder if isinstance(recorder, _Recorder) else None
 
 
-def _now() -> datetime:
+def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
@@ -344,7 +364,7 @@ def _on_prerun(sender: Any = None, task_id: Any = None, task: Any = None, **_: A
     recorder = _recorder(task.app)
     if recorder is None:
         return
-    setattr(request, _STARTED_AT, _now())
+    setattr(request, _STARTED_AT, recorder.now())
     # The guard costs nothing on the normal path: only a start that did not move the row
     # reads it.
     verdict = recorder.start(key, attempt=request.retries or 0, worker=_worker(request.hostname))
@@ -379,7 +399,7 @@ def _on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: 
         return
     recorder.record(
         Event.RETRYING,
-        now=_now(),
+        now=recorder.now(),
         key=key,
         attempt=request.retries or 0,
         reason=ledger.bounded(str(reason)),
@@ -395,7 +415,7 @@ def _on_success(sender: Any = None, **_: Any) -> None:
         return
     recorder.record(
         Event.SUCCEEDED,
-        now=_now(),
+        now=recorder.now(),
         key=key,
         worker=_worker(request.hostname),
         started_at=getattr(request, _STARTED_AT, None),
@@ -461,7 +481,7 @@ def _finish_by_request(task: Any, task_id: Any, event: Event, **fields: Any) -> 
             return
         recorder.record(
             event,
-            now=_now(),
+            now=recorder.now(),
             key=key,
             worker=_worker(request.hostname),
             started_at=getattr(request, _STARTED_AT, None),
@@ -469,7 +489,11 @@ def _finish_by_request(task: Any, task_id: Any, event: Event, **fields: Any) -> 
         )
     elif _may_be_ours(task_id):
         recorder.record(
-            event, now=_now(), task_id=str(task_id), worker=_worker(recorder.hostname), **fields
+            event,
+            now=recorder.now(),
+            task_id=str(task_id),
+            worker=_worker(recorder.hostname),
+            **fields,
         )
 
 
@@ -498,7 +522,11 @@ def _on_revoked(
     key = _occurrence(request)
     if key is not None:
         recorder.record(
-            Event.REVOKED, now=_now(), key=key, reason=reason, worker=_worker(recorder.hostname)
+            Event.REVOKED,
+            now=recorder.now(),
+            key=key,
+            reason=reason,
+            worker=_worker(recorder.hostname),
         )
 
 
@@ -521,7 +549,7 @@ def _record_message(sender: Any, message: Any, event: Event, error: str | None) 
         return
     recorder.record(
         event,
-        now=_now(),
+        now=recorder.now(),
         key=key,
         worker=_worker(getattr(sender, "hostname", None)),
         error=error,

@@ -11,9 +11,8 @@ at their instant, when their predecessor's state is known. "Now" is the clock ha
 database's, :mod:`voltro_beat.clock`). Store errors fail closed: nothing is published, the
 occurrences stay due and are tried again next step while they are within ``max_lateness``.
 
-The engine reads no clock but its own, starts no thread but through its runner
-(:mod:`voltro_beat.runner`), and never sleeps but through the function :meth:`Engine.close`
-is handed: a simulation drives it on a virtual timeline.
+The engine reads no clock but its own, and starts no thread, sleeps and holds no signal but
+through its runner (:mod:`voltro_beat.runner`): a simulation drives it on a virtual timeline.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ from __future__ import annotations
 import collections
 import heapq
 import logging
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from voltro_beat import dispatch, logs, retention
@@ -323,17 +321,15 @@ class Engine:
 
     # -- stopping -------------------------------------------------------------------------
 
-    def close(
-        self, sleep: Callable[[float], None] = time.sleep, wait: timedelta = CLOSE_WAIT
-    ) -> None:
-        """Publish what is claimed and due within ``wait`` (waiting with ``sleep``), leave
+    def close(self, wait: timedelta = CLOSE_WAIT) -> None:
+        """Publish what is claimed and due within ``wait`` (waiting on the runner), leave
         the registry, then stop the dispatcher; safe to call more than once. The publisher
         and the store are the caller's to release."""
         if self.closed:
             return
         self.closed = True
         try:
-            self._flush_ready(sleep, wait)
+            self._flush_ready(wait)
             if self.booted:
                 self.membership.leave()
         except Exception as exc:  # a stopping beat must still stop
@@ -341,7 +337,7 @@ class Engine:
         finally:
             self.dispatch.close()
 
-    def _flush_ready(self, sleep: Callable[[float], None], wait: timedelta) -> None:
+    def _flush_ready(self, wait: timedelta) -> None:
         """Publish the occurrences claimed ahead, each at its instant, waiting at most
         ``wait``; what is left is republished by another replica's recovery sweep."""
         end = self.clock.monotonic() + wait.total_seconds()
@@ -350,7 +346,7 @@ class Engine:
                 until = (self._next_due() - self.clock.now()).total_seconds()
                 if until > end - self.clock.monotonic():
                     break
-                sleep(max(0.0, until))
+                self.dispatch.runner.sleep(max(0.0, until))
                 self._publish_ready()
         except Exception as exc:  # a stopping beat must still stop
             logger.warning("voltro_beat: could not publish claimed runs at close: %s", exc)

@@ -10,9 +10,8 @@ an instant a replica computed earlier (guarantees 9 and 10).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -25,7 +24,7 @@ from voltro_beat.exceptions import ConfigurationError
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.status import KEPT_BY_RETENTION, Reason, Status
 from voltro_beat.store import postgresql
-from voltro_beat.store.database import SQLITE_CHUNK, Database, chunks
+from voltro_beat.store.database import SQLITE_CHUNK, Database, chunks, instant
 from voltro_beat.store.tables import LIVE, RUNS, claims, metadata, replicas, runs, watermarks
 
 #: SQLite's clock as the statement runs (see voltro_beat.store.database).
@@ -247,9 +246,9 @@ class BeatStore:
                 "start": start,
             }
             with self.database.connect(autocommit=True) as conn:
-                sent = time.monotonic()
+                sent = self.database.monotonic()
                 rows = conn.execute(sa.text(postgresql.FENCE), params).all()
-                received = time.monotonic()
+                received = self.database.monotonic()
             if not rows:
                 return Fence(set(), None, None)
             clock = [row[2] for row in rows]
@@ -259,9 +258,12 @@ class BeatStore:
                 Reading(min(clock), max(clock), sent, received),
             )
         fenced: set[str] = set()
+        readings: list[datetime] = []
         with self.database.connect() as conn, conn.begin():
             # The comparisons read the clock as the statement runs: a pause between a clock
-            # read in Python and the statement would let an expired lease pass.
+            # read in Python and the statement would let an expired lease pass. The lease
+            # granted counts from the reading at BEGIN (no other writer acts in between, and
+            # a pause since only shortens it).
             now = self.database.clock()
             until = max(now, start or now) + hold
             stmt = (
@@ -274,12 +276,17 @@ class BeatStore:
                     sa.or_(runs.c.deadline.is_(None), runs.c.deadline >= _SQLITE_NOW),
                 )
                 .values(lease_until=until)
-                .returning(runs.c.id)
+                .returning(runs.c.id, _SQLITE_NOW)
             )
+            sent = self.database.monotonic()
             for chunk in chunks(keys, SQLITE_CHUNK):
-                fenced.update(row[0] for row in conn.execute(stmt, {"keys": list(chunk)}))
-        # One host: the store's clock is the local one, read by the scheduler as it is.
-        return Fence(fenced, until if fenced else None, None)
+                for key, clock in conn.execute(stmt, {"keys": list(chunk)}):
+                    fenced.add(key)
+                    readings.append(instant(clock))
+            received = self.database.monotonic()
+        if not fenced:
+            return Fence(set(), None, None)
+        return Fence(fenced, until, Reading(min(readings), max(readings), sent, received))
 
     def mark_published(self, keys: Iterable[str]) -> set[str]:
         """Stamp ``published_at`` and end the leases of ``keys``, whose messages the broker
@@ -412,7 +419,7 @@ class BeatStore:
                     stmt, {"names": chunk}
                 ):
                     # coalesce() loses the column type on SQLite: parse the text back.
-                    since_ = _instant(moved)
+                    since_ = instant(moved)
                     found.append(
                         Occurrence(key, name, task, task_id, at, Status(status), reason, since_)
                     )
@@ -687,10 +694,3 @@ class BeatStore:
 def _lapsed(now: Any) -> sa.ColumnElement[bool]:
     """A ``claimed`` row whose lease ran out by ``now``."""
     return sa.and_(runs.c.status == Status.CLAIMED, runs.c.lease_until < now)
-
-
-def _instant(value: Any) -> datetime:
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    assert isinstance(value, datetime)
-    return value if value.tzinfo else value.replace(tzinfo=UTC)

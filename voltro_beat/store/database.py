@@ -44,14 +44,29 @@ def hide_password(url: str) -> str:
 
 
 class Database:
-    """A PostgreSQL (psycopg 3) or SQLite database holding voltro_beat's tables."""
+    """A PostgreSQL (psycopg 3) or SQLite database holding voltro_beat's tables.
 
-    def __init__(self, url: URL) -> None:
+    ``clock`` (SQLite's clock, default the process's wall clock), ``monotonic`` (the clock
+    that times a statement's round trip, default ``time.monotonic``) and ``sqlite_connection``
+    (the ``sqlite3.Connection`` subclass SQLite's connections are made of) are seams: a
+    simulation (tests/sim) runs replicas on a virtual timeline through them.
+    """
+
+    def __init__(
+        self,
+        url: URL,
+        *,
+        clock: Callable[[], datetime] | None = None,
+        monotonic: Callable[[], float] | None = None,
+        sqlite_connection: type[sqlite3.Connection] | None = None,
+    ) -> None:
         self.dialect = url.get_backend_name()
         self.display_url = url.render_as_string(hide_password=True)
         #: SQLite's clock (one host: the process's own), also inside statements as the SQL
         #: function ``voltro_now()``. PostgreSQL's is the server's ``clock_timestamp()``.
-        self.clock: Callable[[], datetime] = _utc_now
+        self.clock: Callable[[], datetime] = clock or _utc_now
+        #: Times the round trip of a statement that reads the database's clock.
+        self.monotonic: Callable[[], float] = monotonic or time.monotonic
         if self.dialect == "postgresql":
             self.engine = sa.create_engine(
                 url,
@@ -71,12 +86,13 @@ class Database:
                 },
             )
         else:
-            self.engine = sa.create_engine(url, pool_pre_ping=True)
+            connect_args = {} if sqlite_connection is None else {"factory": sqlite_connection}
+            self.engine = sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
             _configure_sqlite(self.engine, lambda: self.clock())
 
     @classmethod
-    def open(cls, url: str) -> Database:
-        """The database at ``url``, without connecting.
+    def open(cls, url: str, **seams: Any) -> Database:
+        """The database at ``url``, without connecting (``seams``: see :class:`Database`).
 
         Raises :class:`ConfigurationError` naming ``voltro_beat_store_url`` for a URL that
         cannot work: unparsable, an unknown dialect or driver, or a dialect voltro_beat does
@@ -103,7 +119,7 @@ class Database:
                 field=SETTING,
             )
         try:
-            return cls(parsed)
+            return cls(parsed, **seams)
         except (NoSuchModuleError, ImportError, ArgumentError) as exc:
             raise ConfigurationError(
                 f"cannot load the driver for {hide_password(url)!r}: {exc}", field=SETTING
@@ -150,15 +166,18 @@ class Database:
         """A reading of the store's clock, with the monotonic instants just before and just
         after its round trip: its error is half that round trip, so nothing else is timed (the
         connection's checkout and ping come before)."""
-        if self.dialect != "postgresql":
-            now = time.monotonic()
-            return self.clock(), now, now
         with self.connect(autocommit=True) as conn:
-            sent = time.monotonic()
-            value = conn.execute(sa.select(sa.func.clock_timestamp())).scalar_one()
-            received = time.monotonic()
-        assert isinstance(value, datetime)
-        return value.astimezone(UTC), sent, received
+            sent = self.monotonic()
+            value = conn.execute(sa.select(self.statement_clock())).scalar_one()
+            received = self.monotonic()
+        return instant(value), sent, received
+
+    def statement_clock(self) -> sa.ColumnElement[Any]:
+        """The database's clock as a statement runs, as a column to select or return:
+        PostgreSQL's ``clock_timestamp()``, SQLite's ``voltro_now()``."""
+        if self.dialect == "postgresql":
+            return sa.func.clock_timestamp(type_=sa.DateTime(timezone=True))
+        return sa.func.voltro_now()
 
     def upgrade(self) -> None:
         """Bring the schema to the newest migration; safe when replicas boot together."""
@@ -218,6 +237,15 @@ def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def instant(value: Any) -> datetime:
+    """A clock reading or stored instant as an aware UTC datetime (SQLite returns text where
+    SQLAlchemy cannot see a column type, and naive datetimes where it can)."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    assert isinstance(value, datetime)
+    return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _configure_sqlite(engine: Engine, clock: Callable[[], datetime]) -> None:

@@ -8,7 +8,6 @@ heartbeat's answer is also a reading of the database's clock (:mod:`voltro_beat.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,7 +17,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from voltro_beat.replicas import Replica
-from voltro_beat.store.database import Database
+from voltro_beat.store.database import Database, instant
 from voltro_beat.store.tables import replicas
 
 _SUMMARY = (
@@ -82,10 +81,12 @@ class Registry:
         )
         if self.database.dialect != "postgresql":
             with self.database.connect() as conn, conn.begin():
-                if not conn.execute(beat).rowcount:
-                    return None
-            sent = time.monotonic()
-            return (self.database.clock(), sent, sent), self.live(within)
+                sent = self.database.monotonic()
+                now = conn.execute(beat.returning(self.database.statement_clock())).scalar()
+                received = self.database.monotonic()
+            if now is None:
+                return None
+            return (instant(now), sent, received), self.live(within)
         # One statement: the update's CTE, then the live rows as they were before it (this
         # replica's own row then shows its previous heartbeat, which is live anyway).
         cte = beat.returning(replicas.c.last_seen.label("now")).cte("beat")
@@ -95,9 +96,9 @@ class Registry:
             .order_by(replicas.c.started_at, replicas.c.name)
         )
         with self.database.connect(autocommit=True) as conn:
-            sent = time.monotonic()
+            sent = self.database.monotonic()
             rows = conn.execute(stmt).all()
-            received = time.monotonic()
+            received = self.database.monotonic()
         if not rows:
             return None
         now = rows[0].now
