@@ -107,6 +107,8 @@ class Dispatcher:
         self.closed = False
         #: Marks and lease renewals run here (threads, or a simulation's runner).
         self.runner = runner or Threads()
+        #: Runs per fence and broker write (:data:`CHUNK`; a simulation makes it small).
+        self.chunk = CHUNK
 
     def fence(self, occurrences: Sequence[Occurrence]) -> Fenced:
         """The runs of ``occurrences`` this replica may still send, their leases renewed."""
@@ -171,8 +173,8 @@ class Dispatcher:
     def send(self, occurrences: Sequence[Occurrence]) -> bool:
         """Fence and deliver ``occurrences`` now, a chunk at a time; False if the broker
         failed."""
-        for start in range(0, len(occurrences), CHUNK):
-            if not self.deliver([self.fence(occurrences[start : start + CHUNK])]):
+        for start in range(0, len(occurrences), self.chunk):
+            if not self.deliver([self.fence(occurrences[start : start + self.chunk])]):
                 return False
         return True
 

@@ -75,7 +75,11 @@ POLL = timedelta(seconds=1)
 
 
 def attach(
-    app: Celery, *, runner: Runner | None = None, now: Callable[[], datetime] | None = None
+    app: Celery,
+    *,
+    runner: Runner | None = None,
+    now: Callable[[], datetime] | None = None,
+    writer: RunWriter | None = None,
 ) -> None:
     """Record the runs of voltro_beat's occurrences from this app's workers.
 
@@ -89,13 +93,15 @@ def attach(
     own lazily, after the fork. The store URL and the duplicate guard come from the app's
     ``voltro_beat_*`` settings, read at the first recorded event.
 
-    ``runner`` (lease renewals, polls: threads and real time by default) and ``now`` (the
-    clock the run rows' stamps are read from: this host's by default) are seams for a
-    simulation (tests/sim), which runs a worker on a virtual timeline.
+    ``runner`` (lease renewals, polls: threads and real time by default), ``now`` (the
+    clock the run rows' stamps are read from: this host's by default) and ``writer`` (the
+    ledger's writer: by default one per process, on the app's store) are seams for a
+    simulation (tests/sim), which runs workers on a virtual timeline.
     """
     recorder = getattr(app, _APP_ATTR, None)
-    if not isinstance(recorder, _Recorder) or runner is not None or now is not None:
-        setattr(app, _APP_ATTR, _Recorder(app, runner=runner, now=now))
+    seams = {"runner": runner, "now": now, "writer": writer}
+    if not isinstance(recorder, _Recorder) or any(v is not None for v in seams.values()):
+        setattr(app, _APP_ATTR, _Recorder(app, runner=runner, now=now, writer=writer))
     _connect_receivers()
     if app.finalized:
         # Tasks already bound (say, attach() after the worker started importing): wrap them
@@ -112,8 +118,11 @@ class _Recorder:
         *,
         runner: Runner | None = None,
         now: Callable[[], datetime] | None = None,
+        writer: RunWriter | None = None,
     ) -> None:
         self.app = app
+        #: The writer handed in (kept across forks: its owner manages it), else None.
+        self._given = writer
         #: Renews the start claims and waits between polls (a forked child makes its own).
         self._own_runner = runner is None
         self.runner: Runner = runner or Threads("voltro-beat-worker")
@@ -268,18 +277,18 @@ class _Recorder:
     def _open(self) -> None:
         try:
             settings = Settings.from_config(self.app.conf)
-            database = Database.open(settings.store_url)
+            writer = self._given or RunWriter(Database.open(settings.store_url))
         except Exception as exc:
             # A configuration error is the beat's to report; workers keep running tasks.
             logger.error("voltro_beat ledger disabled in this process: %s", exc)
             return
         self._guard = settings.duplicate_guard
         self._lease = settings.worker_lease
-        self._writer = RunWriter(database)
+        self._writer = writer
 
     def _drop(self) -> None:
         writer, self._writer = self._writer, None
-        if writer is not None:
+        if writer is not None and writer is not self._given:
             writer.discard()
 
     def _failed(

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
-from voltro_beat import dispatch, logs, retention
+from voltro_beat import logs, retention
 from voltro_beat.clock import Clock
 from voltro_beat.config import Settings
 from voltro_beat.dispatch import Dispatcher, Fenced
@@ -267,7 +267,7 @@ class Engine:
         while self._ready and self._ready[0][0] <= fence_until:
             at = self._ready[0][0]
             chunk: list[Occurrence] = []
-            while len(chunk) < dispatch.CHUNK and self._ready and self._ready[0][0] == at:
+            while len(chunk) < self.dispatch.chunk and self._ready and self._ready[0][0] == at:
                 chunk.append(heapq.heappop(self._ready)[2])
             self._armed.append(self.dispatch.fence(chunk))
         due: list[Fenced] = []

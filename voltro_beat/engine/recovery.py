@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 
-from voltro_beat import dispatch, logs
+from voltro_beat import logs
 from voltro_beat.dispatch import Dispatcher
 from voltro_beat.membership import Membership
 from voltro_beat.metrics import Metrics
@@ -44,7 +44,7 @@ def recover(
     monotonic = dispatcher.clock.monotonic
     started = monotonic()
     while monotonic() - started < lease.total_seconds() / 2:
-        expired = store.expire(known=membership.known, limit=dispatch.CHUNK)
+        expired = store.expire(known=membership.known, limit=dispatcher.chunk)
         metrics.missed(expired)
         for reason in sorted({o.reason or "" for o in expired}):
             count = sum(1 for o in expired if o.reason == reason)
@@ -57,7 +57,7 @@ def recover(
         taken = store.take_over(
             schedules=[s for s in schedules if s not in membership.yielded],
             hold=lease,
-            limit=dispatch.CHUNK,
+            limit=dispatcher.chunk,
         )
         if taken:
             logger.warning(
@@ -68,5 +68,5 @@ def recover(
             metrics.republished(taken)
             if not dispatcher.send(taken):
                 return
-        if len(expired) < dispatch.CHUNK and len(taken) < dispatch.CHUNK:
+        if len(expired) < dispatcher.chunk and len(taken) < dispatcher.chunk:
             return

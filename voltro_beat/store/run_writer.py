@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,9 +36,12 @@ _DUPLICATE: _Shape = ("duplicate",)
 class RunWriter:
     """Applies ledger transitions to the runs table of ``database`` from one process."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, *, local: Callable[[], Any] = threading.local) -> None:
         self.database = database
-        self._local = threading.local()
+        #: Makes the per-thread holder of the connection (a simulation, whose "threads" are
+        #: greenlets, hands in a greenlet-local one).
+        self._new_local = local
+        self._local = local()
         # Built once per shape: a worker runs the same few statements all day.
         self._statements: dict[_Shape, sa.Select[Any] | sa.Update] = {}
         self._sql: dict[_Shape, str] = {}
@@ -108,7 +111,7 @@ class RunWriter:
     def discard(self) -> None:
         """Forget the connections without closing them: this process is a forked child, and
         the sockets belong to the parent, which still uses them."""
-        self._local = threading.local()
+        self._local = self._new_local()
         self.database.dispose(close=False)
 
     def close(self) -> None:

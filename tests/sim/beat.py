@@ -1,0 +1,109 @@
+"""A beat replica on the virtual timeline: the real engine, run as Celery's beat runs it.
+
+Its main greenlet is beat's service loop (one engine step, then sleep until the engine wants
+to run again, at most ``beat_max_loop_interval``); SIGTERM runs Celery's handler there
+(``scheduler.close()``, then ``SystemExit``, after which the loop's ``finally`` closes again).
+The engine reads the replica's own clocks (its wall clock off by an offset, both clocks
+drifting) and the database's through timed statements; its marks and lease renewals run on
+the replica's runner.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from tests.sim.broker import SimBroker
+from tests.sim.runner import SimRunner
+from tests.sim.store import SimStore, StoreFaults
+from tests.sim.world import World
+from voltro_beat.clock import Clock, ClockMode
+from voltro_beat.config import Settings
+from voltro_beat.engine import Engine, upkeep
+from voltro_beat.engine.guard import DEFAULT_OVERLAP_TIMEOUT
+from voltro_beat.membership import Membership
+from voltro_beat.schedules import parse_entries
+from voltro_beat.store.registry import Registry
+
+#: Celery beat's longest sleep between ticks (``beat_max_loop_interval``).
+MAX_INTERVAL = 5.0
+
+
+class SimReplica:
+    """One incarnation of a beat replica."""
+
+    def __init__(
+        self,
+        world: World,
+        store: SimStore,
+        broker: SimBroker,
+        name: str,
+        *,
+        conf: dict[str, Any],
+        chunk: int,
+        faults: StoreFaults,
+        offset: float,
+        drift: float,
+    ) -> None:
+        self.world = world
+        self.name = name
+        self.process = process = world.process(name, offset=offset, drift=drift)
+        settings = Settings.from_config({**conf, "voltro_beat_replica": name}, environ={})
+        entries = {
+            e.name: e
+            for e in parse_entries(
+                conf["beat_schedule"], tz=None, max_lateness=settings.max_lateness
+            )
+        }
+        self.entries = entries
+        beat_store = store.store(process, name, faults)
+        self.store = beat_store
+        self.clock = Clock(ClockMode.DATABASE, local=process.wall, monotonic=process.monotonic)
+        self.engine = Engine(
+            settings=settings,
+            entries=entries,
+            store=beat_store,
+            publisher=broker.publisher(process, settings.publish_timeout * 3),
+            clock=self.clock,
+            membership=Membership(
+                Registry(beat_store.database), self.clock, settings, entries, "sim"
+            ),
+            retention=upkeep.policies(settings, list(entries.values())),
+            overlap_timeouts={
+                e.name: e.overlap_timeout or DEFAULT_OVERLAP_TIMEOUT
+                for e in entries.values()
+                if e.on_overlap != "allow"
+            },
+            runner=SimRunner(process),
+        )
+        self.engine.dispatch.chunk = chunk
+        process.on_sigterm = self._on_sigterm
+        process.spawn(self._serve, "beat", main=True)
+        world.log(name, "boots", f"{len(entries)} schedules")
+
+    def _serve(self) -> None:
+        """Celery's ``beat.Service.start``."""
+        try:
+            while True:
+                wake = self.engine.step()
+                delay = (wake - self.clock.now()).total_seconds()
+                self.world.sleep(max(0.0, min(delay, MAX_INTERVAL)))
+        except SystemExit:
+            pass
+        finally:
+            self._close()
+        self.process.exit()
+
+    def _on_sigterm(self) -> None:
+        """Celery's beat handler: sync (close the scheduler), then ``SystemExit``."""
+        self._close()
+        raise SystemExit()
+
+    def _close(self) -> None:
+        """``VoltroScheduler.close``."""
+        if self.engine.closed:
+            return
+        try:
+            self.engine.close(wait=timedelta(seconds=3))
+        finally:
+            self.store.close()

@@ -1,0 +1,236 @@
+"""The invariants checked at the end of a run, on the run table and what the observer saw.
+
+* every occurrence a replica could handle within its lateness has a row (published and run,
+  or recorded ``missed`` / ``skipped`` with a reason): nothing lost;
+* every row is in a state the ledger can reach, and its last word is what the worker did;
+* an occurrence recorded ``missed`` for catch-up had no healthy replica at its instant
+  (catch-up is for downtime, guarantee 12);
+* a second message of an occurrence comes from a window docs/guarantees.md names: its first
+  sender was killed before its mark, lost the broker's answer, or its mark came (or could not
+  come) later than most of a lease after the broker took it (the replica paused, its store
+  cut off or held up);
+* no ``claimed`` row is left behind.
+
+The per-step invariants (executed twice, published or started early) are the observer's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+
+from tests.sim.observer import Observer, instant_of
+from tests.sim.world import Process, World
+from voltro_beat.occurrences import next_after
+from voltro_beat.schedules import Entry
+from voltro_beat.status import Reason, Status
+from voltro_beat.store.tables import runs
+
+#: A run row must exist when replicas could act for this long within its lateness.
+ABLE_FOR = 2.0
+#: The share of a lease within which a mark after the broker's acceptance cannot be late.
+MARK_IN_TIME = 0.75
+
+
+@dataclass
+class Able:
+    """When a beat replica could record and publish: booted, alive, not paused, store up."""
+
+    process: Process
+    booted_at: float | None
+    outages: list[tuple[float, float]]
+    schedules: frozenset[str]
+
+    def at(self, t: float) -> bool:
+        p = self.process
+        return (
+            self.booted_at is not None
+            and self.booted_at <= t
+            and (p.died_at is None or t < p.died_at)
+            and not p.paused_at(t)
+            and not any(a <= t < b for a, b in self.outages)
+        )
+
+
+@dataclass
+class Expectations:
+    """What the run promised: its schedules, window and lease."""
+
+    entries: Mapping[str, Entry]
+    lease: float
+    #: Instants after this (virtual seconds) are too recent to judge.
+    judged_until: float
+    replicas: list[Able] = field(default_factory=list)
+    #: Schedules whose definition changed in a rolling deploy.
+    changed: frozenset[str] = frozenset()
+
+
+def check(world: World, observer: Observer, url: str, expect: Expectations) -> None:
+    """Add the end-of-run violations to ``observer``."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = {row.id: row for row in conn.execute(sa.select(runs))}
+    finally:
+        engine.dispose()
+    _rows(world, observer, rows, expect)
+    _nothing_lost(world, observer, rows, expect)
+    _second_messages(world, observer, expect)
+
+
+def _t(world: World, at: datetime) -> float:
+    return (at - world.start).total_seconds()
+
+
+def _rows(
+    world: World, observer: Observer, rows: Mapping[str, sa.Row], expect: Expectations
+) -> None:
+    violate = observer.violate
+    for key, row in rows.items():
+        if _t(world, instant_of(key)) > expect.judged_until:
+            continue
+        status = Status(row.status)
+        runs_ = observer.executions.get(key, [])
+        finished = [e for e in runs_ if e.end is not None]
+        if status is Status.CLAIMED:
+            violate(
+                "left claimed",
+                key,
+                f"still claimed by {row.replica} at the end (published_at {row.published_at}, "
+                f"lease_until {row.lease_until})",
+            )
+        elif status is Status.QUEUED:
+            violate("left queued", key, "still queued at the end")
+        elif status is Status.PUBLISHED and not runs_:
+            violate("lost", key, "recorded published, never ran, not in the broker any more")
+        elif status in (Status.MISSED, Status.SKIPPED) and not row.reason:
+            violate("unreachable state", key, f"{status} without a reason")
+        if status in (Status.MISSED, Status.SKIPPED) and runs_:
+            violate("ledger disagrees", key, f"recorded {status} but its body ran")
+        if status is Status.PUBLISHED and row.published_at is None:
+            violate("unreachable state", key, "published without a publish time")
+        if finished:
+            last = finished[-1]
+            want = Status.SUCCEEDED if last.ok else Status.FAILED
+            if status is not want:
+                violate("ledger disagrees", key, f"recorded {status}; the worker's body {want}")
+        elif status in (Status.SUCCEEDED, Status.FAILED):
+            violate("ledger disagrees", key, f"recorded {status} but no body finished")
+        if (
+            status is Status.MISSED
+            and row.reason == Reason.CATCH_UP
+            and row.schedule not in expect.changed
+            and _healthy_around(world, expect, row.schedule, _t(world, instant_of(key)))
+        ):
+            violate(
+                "missed while a replica was live",
+                key,
+                "recorded missed (catch_up) though a healthy replica ran its schedule from "
+                "before its instant to a lease after it",
+            )
+
+
+def _healthy_around(world: World, expect: Expectations, schedule: str, t: float) -> bool:
+    start, end = t - 1.0, t + expect.lease + 1.0
+    for able in expect.replicas:
+        if schedule in able.schedules and all(
+            able.at(start + i * 0.05) for i in range(int((end - start) / 0.05) + 1)
+        ):
+            return True
+    return False
+
+
+def _nothing_lost(
+    world: World, observer: Observer, rows: Mapping[str, sa.Row], expect: Expectations
+) -> None:
+    first: dict[str, datetime] = {}
+    for key, row in rows.items():
+        at = instant_of(key)
+        if row.schedule not in first or at < first[row.schedule]:
+            first[row.schedule] = at
+    until = world.start + timedelta(seconds=expect.judged_until)
+    for name, start in first.items():
+        entry = expect.entries.get(name)
+        if entry is None or entry.trigger != "beat":
+            continue
+        lateness = entry.max_lateness.total_seconds()
+        at: datetime | None = start
+        while at is not None and at <= until:
+            key = _key(name, at)
+            if key not in rows and _able_for(expect, name, _t(world, at), lateness):
+                observer.violate(
+                    "lost",
+                    key,
+                    "no run row, though a replica running this schedule was up for "
+                    f"{ABLE_FOR:g} s within its lateness ({lateness:g} s)",
+                )
+            at = next_after(entry.spec, at)
+
+
+def _key(name: str, at: datetime) -> str:
+    from voltro_beat.occurrences import occurrence_key
+
+    return occurrence_key(name, at)
+
+
+def _able_for(expect: Expectations, schedule: str, t: float, lateness: float) -> bool:
+    step = 0.1
+    able = 0.0
+    u = t
+    while u < t + lateness - 1.0:
+        if any(schedule in a.schedules and a.at(u) for a in expect.replicas):
+            able += step
+            if able >= ABLE_FOR:
+                return True
+        u += step
+    return False
+
+
+def _second_messages(world: World, observer: Observer, expect: Expectations) -> None:
+    calls = {c.id: c for c in observer.calls}
+    processes = {p.name: p for p in world.processes}
+    late = MARK_IN_TIME * expect.lease
+    for key, accepted in observer.accepted.items():
+        if len(accepted) < 2:
+            continue
+        excuses: list[str] = []
+        for message in accepted:
+            call = calls[message.call]
+            sender = processes[message.publisher]
+            mark = observer.marks.get(key)
+            marked_by_sender = mark is not None and mark[1] == sender.name
+            if call.answer_lost:
+                excuses.append(f"{sender.name} lost the broker's answer ({call.mode})")
+            if sender.died_at is not None and not sender.exited and not marked_by_sender:
+                excuses.append(f"{sender.name} was killed before its mark")
+            if marked_by_sender and mark is not None and mark[0] - message.t >= late:
+                excuses.append(f"{sender.name}'s mark came {mark[0] - message.t:.2f} s late")
+            if not marked_by_sender:
+                waited = _paused_within(sender, call.t, sender.died_at or world.t)
+                if waited >= late:
+                    excuses.append(f"{sender.name} paused {waited:.2f} s before its mark")
+            else:
+                assert mark is not None
+                waited = _paused_within(sender, call.t, mark[0])
+                if waited >= late:
+                    excuses.append(f"{sender.name} paused {waited:.2f} s before its mark")
+        if not excuses:
+            senders = ", ".join(f"{m.publisher}@{m.t:.3f} (call {m.call})" for m in accepted)
+            observer.violate(
+                "second message",
+                key,
+                f"{len(accepted)} messages ({senders}) and none of the documented windows",
+            )
+        else:
+            world.log("check", "second message", "; ".join(sorted(set(excuses))), (key,))
+
+
+def _paused_within(process: Process, start: float, end: float) -> float:
+    return sum(max(0.0, min(p.end, end) - max(p.start, start)) for p in process.pauses)
+
+
+def names(entries: Iterable[Entry]) -> frozenset[str]:
+    return frozenset(e.name for e in entries)
