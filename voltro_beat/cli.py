@@ -19,7 +19,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from voltro_beat.beat_schedule import load_schedule
-from voltro_beat.config import DEFAULT_STORE_URL, Settings
+from voltro_beat.config import DEFAULT_STORE_URL, Origin, Settings
 from voltro_beat.contrib.display import STUCK_AFTER
 from voltro_beat.cron import MICROSECOND, CronSpec
 from voltro_beat.dispatch import CHUNK
@@ -207,6 +207,62 @@ def _settings(store: str | None = None) -> Settings:
             {} if app is None else app.conf,
             overrides={} if store is None else {"store_url": store},
         )
+
+
+@main.command("config")
+@_settings_options()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per setting and line.")
+def show_config(settings: Settings, as_json: bool) -> None:
+    """Print every setting, its value and where the value came from.
+
+    Each setting is the first of: a flag (--store), its environment variable, the app's (-A)
+    voltro_beat_* setting, its default. timezone is the app's own (Celery's) setting.
+    """
+    described = settings.described()
+    if as_json:
+        for key, value, source in described:
+            name = _FLAGS.get(key) if source.origin is Origin.FLAG else source.name
+            line = {"setting": key, "value": _plain(key, value), "source": source.origin}
+            click.echo(json.dumps({**line, "name": name}))
+        return
+    table = Table(title="voltro_beat settings (flag > environment > app setting > default)")
+    for column in ("setting", "value", "from"):
+        table.add_column(column, no_wrap=True)
+    for key, value, source in described:
+        origin = f"flag {_FLAGS[key]}" if source.origin is Origin.FLAG else str(source)
+        table.add_row(key, _setting_text(key, value), origin)
+    Console(width=max(Console().width, 140)).print(table)
+
+
+#: The flag that gives a setting explicitly.
+_FLAGS = {"voltro_beat_store_url": "--store"}
+#: What a setting whose value is None means.
+_UNSET = {
+    "voltro_beat_clock": "the store's (database on PostgreSQL, local on SQLite)",
+    "voltro_beat_metrics_port": "off",
+    "timezone": "UTC",
+}
+
+
+def _plain(key: str, value: object) -> str | float | bool | None:
+    """A setting's value for JSON: durations in the unit their key says (hours for
+    ``*_hours``, else seconds), the store URL without its password."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, timedelta):
+        return value / timedelta(hours=1) if key.endswith("_hours") else value.total_seconds()
+    return hide_password(str(value)) if key == "voltro_beat_store_url" else str(value)
+
+
+def _setting_text(key: str, value: object) -> str:
+    plain = _plain(key, value)
+    if plain is None:
+        return _UNSET.get(key, "none")
+    if isinstance(plain, bool):
+        return str(plain).lower()
+    if isinstance(value, timedelta):
+        return f"{plain:g} {'h' if key.endswith('_hours') else 's'}"
+    return str(plain)
 
 
 @main.group()

@@ -81,6 +81,7 @@ def test_then_the_environment_then_the_app(
         ["admin"],
         ["trigger", "poll"],
         ["serve-trigger"],
+        ["config"],
     ],
     ids=lambda command: " ".join(command[:2]),
 )
