@@ -151,9 +151,8 @@ class Setting:
         elif conf.get(self.key) is not None:
             value, source = conf.get(self.key), Source(Origin.APP, self.key)
         else:
-            return (self.default() if callable(self.default) else self.default), Source(
-                Origin.DEFAULT
-            )
+            default = self.default() if callable(self.default) else self.default
+            return default, Source(Origin.DEFAULT)
         try:
             return self.parse(self.key, value), source
         except ConfigurationError as exc:
