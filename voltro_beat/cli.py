@@ -14,12 +14,12 @@ from zoneinfo import ZoneInfo
 
 import click
 from celery import Celery
-from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from voltro_beat.config import DEFAULT_STORE_URL, Settings
+from voltro_beat.beat_schedule import load_schedule
+from voltro_beat.config import DEFAULT_STORE_URL, Origin, Settings
 from voltro_beat.contrib.display import STUCK_AFTER
 from voltro_beat.cron import MICROSECOND, CronSpec
 from voltro_beat.dispatch import CHUNK
@@ -31,7 +31,7 @@ from voltro_beat.occurrences import (
     occurrences_between,
     task_id_for,
 )
-from voltro_beat.on_demand import OnDemand, load_app, schedule_of
+from voltro_beat.on_demand import OnDemand, load_app
 from voltro_beat.replicas import lives
 from voltro_beat.schedules import Entry, Spec, check_name, to_spec
 from voltro_beat.status import Reason, Status
@@ -119,7 +119,8 @@ def preview(schedule: str, zone: str | None, count: int, name: str, after: str |
     try:
         spec: Spec | None = None
         if app is not None:
-            settings, entries = schedule_of(app)
+            settings = _settings()
+            entries = load_schedule(app, settings).entries
             if schedule in entries:
                 name, spec = schedule, entries[schedule].spec
                 zone = zone or (spec.tz if isinstance(spec, CronSpec) else None)
@@ -175,29 +176,93 @@ def _start(after: str | None, zone: str | None) -> datetime:
     return start if start.tzinfo else start.replace(tzinfo=ZoneInfo(zone or "UTC"))
 
 
-def _store_option(command: Callable[..., None]) -> Callable[..., None]:
-    """``-A proj`` and ``--store URL``: the store is ``--store`` when given on the command
-    line, else the app's ``voltro_beat_store_url``, else ``VOLTRO_BEAT_STORE_URL``, else the
-    embedded default (beat's own order, with an explicit flag first)."""
-    command = click.option(
-        "--store",
-        "store_url",
-        envvar="VOLTRO_BEAT_STORE_URL",
-        default=DEFAULT_STORE_URL,
-        show_default=True,
-        callback=_app_store,
-        help="Store URL; without it the app's (-A) voltro_beat_store_url, else env "
-        "VOLTRO_BEAT_STORE_URL.",
-    )(command)
-    return _app_option()(command)
+def _settings_options(
+    *, app_required: bool = False
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """``-A proj`` and ``--store URL``: the command is given ``settings``, resolved as beat
+    resolves them (:meth:`Settings.resolve`) with ``--store`` an explicit value above the
+    environment and the app."""
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        command = click.option(
+            "--store",
+            "settings",
+            default=None,
+            metavar="URL",
+            callback=lambda _ctx, _param, store: _settings(store),
+            help="Store URL; without it env VOLTRO_BEAT_STORE_URL, else the app's (-A) "
+            f"voltro_beat_store_url, else {DEFAULT_STORE_URL}.",
+        )(command)
+        return _app_option(required=app_required)(command)
+
+    return decorate
 
 
-def _app_store(ctx: click.Context, param: click.Parameter, url: str) -> str:
-    if param.name and ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE:
-        return url
-    app = ctx.meta.get(_APP)
-    configured = None if app is None else app.conf.get("voltro_beat_store_url")
-    return str(configured) if configured else url
+def _settings(store: str | None = None) -> Settings:
+    """The settings of the app (-A; without it, the environment's and the defaults), with
+    ``store`` (``--store``) as an explicit store URL."""
+    app = _app()
+    with _errors():
+        return Settings.resolve(
+            {} if app is None else app.conf,
+            overrides={} if store is None else {"store_url": store},
+        )
+
+
+@main.command("config")
+@_settings_options()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per setting and line.")
+def show_config(settings: Settings, as_json: bool) -> None:
+    """Print every setting, its value and where the value came from.
+
+    Each setting is the first of: a flag (--store), its environment variable, the app's (-A)
+    voltro_beat_* setting, its default. timezone is the app's own (Celery's) setting.
+    """
+    described = settings.described()
+    if as_json:
+        for key, value, source in described:
+            name = _FLAGS.get(key) if source.origin is Origin.FLAG else source.name
+            line = {"setting": key, "value": _plain(key, value), "source": source.origin}
+            click.echo(json.dumps({**line, "name": name}))
+        return
+    table = Table(title="voltro_beat settings (flag > environment > app setting > default)")
+    for column in ("setting", "value", "from"):
+        table.add_column(column, no_wrap=True)
+    for key, value, source in described:
+        origin = f"flag {_FLAGS[key]}" if source.origin is Origin.FLAG else str(source)
+        table.add_row(key, _setting_text(key, value), origin)
+    Console(width=max(Console().width, 140)).print(table)
+
+
+#: The flag that gives a setting explicitly.
+_FLAGS = {"voltro_beat_store_url": "--store"}
+#: What a setting whose value is None means.
+_UNSET = {
+    "voltro_beat_clock": "the store's (database on PostgreSQL, local on SQLite)",
+    "voltro_beat_metrics_port": "off",
+    "timezone": "UTC",
+}
+
+
+def _plain(key: str, value: object) -> str | float | bool | None:
+    """A setting's value for JSON: durations in the unit their key says (hours for
+    ``*_hours``, else seconds), the store URL without its password."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, timedelta):
+        return value / timedelta(hours=1) if key.endswith("_hours") else value.total_seconds()
+    return hide_password(str(value)) if key == "voltro_beat_store_url" else str(value)
+
+
+def _setting_text(key: str, value: object) -> str:
+    plain = _plain(key, value)
+    if plain is None:
+        return _UNSET.get(key, "none")
+    if isinstance(plain, bool):
+        return str(plain).lower()
+    if isinstance(value, timedelta):
+        return f"{plain:g} {'h' if key.endswith('_hours') else 's'}"
+    return str(plain)
 
 
 @main.group()
@@ -206,29 +271,29 @@ def db() -> None:
 
 
 @db.command("upgrade")
-@_store_option
-def db_upgrade(store_url: str) -> None:
+@_settings_options()
+def db_upgrade(settings: Settings) -> None:
     """Create or upgrade the tables to the newest revision."""
     with _errors():
-        database = Database.open(store_url)
+        database = Database.open(settings.store_url)
         try:
             database.upgrade()
         finally:
             database.dispose()
-    click.echo(f"{hide_password(store_url)}: schema is up to date")
+    click.echo(f"{hide_password(settings.store_url)}: schema is up to date")
 
 
 @db.command("sql")
-@_store_option
-def db_sql(store_url: str) -> None:
+@_settings_options()
+def db_sql(settings: Settings) -> None:
     """Print the DDL of every migration for the store's dialect, for a DBA to run."""
     with _errors():
-        Database.open(store_url)  # validates the URL
-        click.echo(migrations.sql(store_url), nl=False)
+        Database.open(settings.store_url)  # validates the URL
+        click.echo(migrations.sql(settings.store_url), nl=False)
 
 
 @main.command()
-@_store_option
+@_settings_options()
 @click.option("--schedule", default=None, help="Only this schedule.")
 @click.option(
     "--status", default=None, type=click.Choice([s.value for s in Status]), help="Only this status."
@@ -238,7 +303,7 @@ def db_sql(store_url: str) -> None:
 @click.option("--until", default=None, help="Scheduled before (ISO 8601, or 15m/2h/3d ago).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row and line.")
 def runs(
-    store_url: str,
+    settings: Settings,
     schedule: str | None,
     status: str | None,
     count: int,
@@ -248,7 +313,7 @@ def runs(
 ) -> None:
     """Print the newest rows of the run table, with each run's publish lag (published minus
     scheduled)."""
-    with _errors(), _open(store_url) as database:
+    with _errors(), _open(settings.store_url) as database:
         rows = reads.recent_runs(
             database,
             schedule=schedule,
@@ -258,7 +323,7 @@ def runs(
             until=None if until is None else _instant(until, "--until", database),
         )
         if schedule is not None and not rows:
-            _known_schedule(schedule, database)
+            _known_schedule(schedule, database, settings)
     for row in rows:
         row["lag"] = _lag(row)
     if as_json:
@@ -282,7 +347,7 @@ def runs(
 
 
 @main.command()
-@_store_option
+@_settings_options()
 @click.option(
     "--max-offset",
     default=1.0,
@@ -290,13 +355,13 @@ def runs(
     type=click.FloatRange(min=0),
     help="Flag clocks further than this many seconds from the database's.",
 )
-def replicas(store_url: str, max_offset: float) -> None:
+def replicas(settings: Settings, max_offset: float) -> None:
     """Print the replica registry: every beat replica that ran recently, and whether it lives.
 
     A replica is live while its last heartbeat is younger than its publish timeout; times are
     the database's clock. The clock offset is the replica's local clock minus the database's.
     """
-    with _errors(), _open(store_url) as database:
+    with _errors(), _open(settings.store_url) as database:
         rows = Registry(database).everyone()
         now = database.time()
     table = Table(title=f"_voltro_beat_replicas ({len(rows)})")
@@ -323,7 +388,7 @@ def replicas(store_url: str, max_offset: float) -> None:
 
 
 @main.command()
-@_store_option
+@_settings_options()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option(
@@ -339,7 +404,7 @@ def replicas(store_url: str, max_offset: float) -> None:
     type=click.FloatRange(min=0, min_open=True),
     help="Mark a run stuck when it is on a worker this many seconds and not finished.",
 )
-def admin(store_url: str, host: str, port: int, no_auth: bool, stuck_after: float) -> None:
+def admin(settings: Settings, host: str, port: int, no_auth: bool, stuck_after: float) -> None:
     """Serve read-only admin pages of the run and claims tables (sqladmin).
 
     With -A proj the schedules page shows each entry's next occurrences. The login is
@@ -355,14 +420,18 @@ def admin(store_url: str, host: str, port: int, no_auth: bool, stuck_after: floa
             f"the admin needs the sqladmin extra: pip install 'voltro-beat[sqladmin]' ({exc})"
         ) from None
     with _errors():
-        _existing(Database.open(store_url)).dispose()  # it only reads: never creates a store
+        _existing(
+            Database.open(settings.store_url)
+        ).dispose()  # it only reads: never creates a store
         app = server.create_app(
-            store_url,
+            settings.store_url,
             server.login_from_environment(host, no_auth=no_auth),
             celery_app=click.get_current_context().meta.get(_APP_NAME),
             stuck_after=timedelta(seconds=stuck_after),
         )
-    click.echo(f"voltro_beat admin of {hide_password(store_url)} on http://{host}:{port}/admin/")
+    click.echo(
+        f"voltro_beat admin of {hide_password(settings.store_url)} on http://{host}:{port}/admin/"
+    )
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
@@ -373,8 +442,8 @@ EXIT_NOT_PUBLISHED = 4
 
 @main.command()
 @click.argument("name")
-@_app_option(required=True)
-def trigger(name: str) -> None:
+@_settings_options(app_required=True)
+def trigger(settings: Settings, name: str) -> None:
     """Fire the external entry NAME now (for a platform's scheduler: a CronJob's command).
 
     The arrival snaps back to the newest occurrence at or before it on the database's clock
@@ -387,7 +456,7 @@ def trigger(name: str) -> None:
     from voltro_beat.trigger import Trigger
 
     with _errors():
-        fire = Trigger(_required_app("trigger"))
+        fire = Trigger(_required_app("trigger"), settings)
         try:
             fired = fire.fire(name)
         except NotExternal as exc:
@@ -408,10 +477,10 @@ def trigger(name: str) -> None:
 
 
 @main.command("serve-trigger")
-@_app_option(required=True)
+@_settings_options(app_required=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8001, show_default=True, type=click.IntRange(1, 65535))
-def serve_trigger(host: str, port: int) -> None:
+def serve_trigger(settings: Settings, host: str, port: int) -> None:
     """Serve POST /trigger/<name>: the external trigger over HTTP, behind a bearer token.
 
     The token is VOLTRO_BEAT_TRIGGER_TOKEN, or the contents of the file
@@ -429,7 +498,7 @@ def serve_trigger(host: str, port: int) -> None:
 
     with _errors():
         token = trigger_endpoint.token_from_environment()
-        app = trigger_endpoint.create_app(Trigger(_required_app("serve-trigger")), token)
+        app = trigger_endpoint.create_app(Trigger(_required_app("serve-trigger"), settings), token)
     click.echo(f"voltro_beat trigger endpoint on http://{host}:{port}/trigger/<name>")
     uvicorn.run(app, host=host, port=port, log_level="info")
 
@@ -460,18 +529,19 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 @main.command()
-@_store_option
-def status(store_url: str) -> None:
+@_settings_options()
+def status(settings: Settings) -> None:
     """One line per schedule: next occurrence, last run and its status, success rate over the
     retained runs that executed (succeeded or failed), median publish lag, and the runs by
     outcome (missed by reason, skipped by the overlap policy); then the replicas seen recently.
 
-    With -A proj the schedules are the app's beat_schedule (and their next occurrences);
+    With -A proj the schedules are the app's beat_schedule and the entries Celery's beat adds
+    (celery.backend_cleanup), with their next occurrences;
     without it, every schedule that has a run row.
     """
     app = _app()
-    with _errors(), _open(store_url) as database:
-        entries = {} if app is None else schedule_of(app, store_url)[1]
+    with _errors(), _open(settings.store_url) as database:
+        entries = {} if app is None else load_schedule(app, settings).entries
         now = database.time()
         names = list(entries) or reads.schedule_names(database)
         summaries = reads.summaries(database, names, now=now)
@@ -509,12 +579,12 @@ def status(store_url: str) -> None:
 
 
 @main.command()
-@_store_option
+@_settings_options()
 @click.option("--since", default=None, help="Claimed at or after (ISO 8601, or 15m/2h/3d ago).")
 @click.option("-n", "count", default=50, show_default=True, type=click.IntRange(min=1))
-def claims(store_url: str, since: str | None, count: int) -> None:
+def claims(settings: Settings, since: str | None, count: int) -> None:
     """Print the newest claims, and how many each replica holds."""
-    with _errors(), _open(store_url) as database:
+    with _errors(), _open(settings.store_url) as database:
         rows, per_replica = reads.recent_claims(
             database,
             since=None if since is None else _instant(since, "--since", database),
@@ -533,13 +603,15 @@ def claims(store_url: str, since: str | None, count: int) -> None:
 
 
 @main.command()
-@_store_option
+@_settings_options()
 @click.argument("name")
 @click.option("--since", required=True, help="Window start (ISO 8601, or 15m/2h/3d ago).")
 @click.option("--until", required=True, help="Window end, excluded (ISO 8601 or relative).")
 @click.option("--dry-run", is_flag=True, help="Only say what would be published.")
 @click.option("--yes", is_flag=True, help="Publish without asking.")
-def backfill(store_url: str, name: str, since: str, until: str, dry_run: bool, yes: bool) -> None:
+def backfill(
+    settings: Settings, name: str, since: str, until: str, dry_run: bool, yes: bool
+) -> None:
     """Publish the occurrences of schedule NAME in [--since, --until) that have no run row.
 
     Each goes through the coordination gate like any occurrence beat fires (run rows with
@@ -547,8 +619,8 @@ def backfill(store_url: str, name: str, since: str, until: str, dry_run: bool, y
     is never published again. Needs -A proj (the schedule and the broker).
     """
     app = _required_app("backfill")
-    with _errors(), _open(store_url) as database:
-        settings, entries = schedule_of(app, store_url)
+    with _errors(), _open(settings.store_url) as database:
+        entries = load_schedule(app, settings).entries
         entry = _entry(entries, name)
         start, end = _instant(since, "--since", database), _instant(until, "--until", database)
         if end <= start:
@@ -589,10 +661,10 @@ def backfill(store_url: str, name: str, since: str, until: str, dry_run: bool, y
 
 
 @main.command("run")
-@_store_option
+@_settings_options()
 @click.argument("name")
 @click.option("--at", default=None, help="Instead of now (ISO 8601, or 15m/2h/3d ago).")
-def run_now(store_url: str, name: str, at: str | None) -> None:
+def run_now(settings: Settings, name: str, at: str | None) -> None:
     """Publish one occurrence of schedule NAME: the newest at or before now (or --at).
 
     Claimed through the coordination gate like any occurrence (run row with reason
@@ -600,8 +672,8 @@ def run_now(store_url: str, name: str, at: str | None) -> None:
     Needs -A proj.
     """
     app = _required_app("run")
-    with _errors(), _open(store_url) as database:
-        settings, entries = schedule_of(app, store_url)
+    with _errors(), _open(settings.store_url) as database:
+        entries = load_schedule(app, settings).entries
         entry = _entry(entries, name)
         when = (
             database.time()
@@ -624,16 +696,16 @@ def run_now(store_url: str, name: str, at: str | None) -> None:
 
 
 @db.command("check")
-@_store_option
-def db_check(store_url: str) -> None:
+@_settings_options()
+def db_check(settings: Settings) -> None:
     """Is the schema current, and can this role read every table? Exit code 1 if not."""
     with _errors():
-        database = _existing(Database.open(store_url))
+        database = _existing(Database.open(settings.store_url))
         try:
             report = reads.check_schema(database)
         finally:
             database.dispose()
-    click.echo(f"store {hide_password(store_url)}")
+    click.echo(f"store {hide_password(settings.store_url)}")
     if report.current == report.head:
         click.echo(f"schema: {report.current} (current)")
     else:
@@ -685,11 +757,11 @@ def _required_app(command: str) -> Celery:
     return app
 
 
-def _known_schedule(name: str, database: Database) -> None:
+def _known_schedule(name: str, database: Database, settings: Settings) -> None:
     """Refuse ``name`` unless it is a schedule of the app (-A) or one with run rows."""
     app = _app()
     recorded = reads.schedule_names(database)
-    defined = [] if app is None else list(schedule_of(app)[1])
+    defined = [] if app is None else list(load_schedule(app, settings).entries)
     if name not in recorded and name not in defined:
         known = ", ".join(sorted({*recorded, *defined})) or "none"
         raise click.ClickException(

@@ -11,10 +11,12 @@ class ConfigurationError(VoltroBeatError):
     """A schedule entry or a setting is invalid.
 
     ``entry`` names the ``beat_schedule`` entry (or ``None`` for a global setting) and
-    ``field`` the offending field or setting, so the message points at the line to fix.
+    ``field`` the offending field or setting, so the message points at the line to fix;
+    ``message`` is what is wrong, without them.
     """
 
     def __init__(self, message: str, *, entry: str | None = None, field: str | None = None):
+        self.message = message
         self.entry = entry
         self.field = field
         where = []

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections import ChainMap
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
@@ -27,7 +26,7 @@ from voltro_beat.dispatch import Dispatcher
 from voltro_beat.exceptions import ConfigurationError, PublishError
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.publisher import Publisher
-from voltro_beat.schedules import Entry, parse_entries
+from voltro_beat.schedules import Entry
 from voltro_beat.status import Reason
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database
@@ -45,19 +44,6 @@ def load_app(path: str) -> Celery:
     if not isinstance(app, Celery):
         raise ConfigurationError(f"{path!r} is not a Celery app", field="celery_app")
     return app
-
-
-def schedule_of(app: Celery, store_url: str | None = None) -> tuple[Settings, dict[str, Entry]]:
-    """``app``'s settings (its store replaced by ``store_url`` if given) and its
-    ``beat_schedule``'s entries by name, parsed as beat parses them."""
-    conf = (
-        app.conf if store_url is None else ChainMap({"voltro_beat_store_url": store_url}, app.conf)
-    )
-    settings = Settings.from_config(conf)
-    entries = parse_entries(
-        app.conf.beat_schedule or {}, tz=settings.timezone, max_lateness=settings.max_lateness
-    )
-    return settings, {entry.name: entry for entry in entries}
 
 
 class OnDemand:

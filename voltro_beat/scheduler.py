@@ -18,6 +18,7 @@ from typing import Any
 from celery import beat
 
 from voltro_beat import logs, retention
+from voltro_beat.beat_schedule import BeatSchedule, load_schedule
 from voltro_beat.clock import Clock, ClockMode
 from voltro_beat.config import Settings
 from voltro_beat.engine import CLOSE_WAIT, Engine, upkeep
@@ -26,7 +27,7 @@ from voltro_beat.exceptions import ConfigurationError, StoreError
 from voltro_beat.membership import Membership
 from voltro_beat.metrics import Metrics
 from voltro_beat.publisher import Publisher
-from voltro_beat.schedules import Entry, parse_entries
+from voltro_beat.schedules import Entry
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database
 from voltro_beat.store.registry import Registry
@@ -38,10 +39,14 @@ EX_CONFIG = 78
 
 
 class VoltroScheduler(beat.Scheduler):
-    """Active-active beat scheduler: every occurrence claimed in the store, published once."""
+    """Active-active beat scheduler: every occurrence claimed in the store, published once.
+
+    ``overrides`` are explicit settings (:meth:`Settings.resolve`), above the environment and
+    the app's: Celery's beat gives none; voltro_beat.testing gives its store.
+    """
 
     _settings: Settings
-    _entries: dict[str, Entry]
+    _schedule: BeatSchedule
     _store: BeatStore
     _clock: Clock
     _engine: Engine
@@ -50,11 +55,12 @@ class VoltroScheduler(beat.Scheduler):
     #: How long :meth:`close` waits to publish, on time, what it claimed ahead.
     close_wait: timedelta = CLOSE_WAIT
 
-    def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, app: Any, *args: Any, overrides: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         self._configured = False
         self._closed = False
-        #: The entries Celery's ``install_default_entries`` adds (see ``update_from_dict``).
-        self._default_entries: dict[str, Mapping[str, Any]] = {}
+        self._overrides = overrides
         self._metrics = Metrics()
         # Celery builds a lazy instance for the banner: it must do no I/O.
         super().__init__(app, *args, **kwargs)
@@ -78,7 +84,7 @@ class VoltroScheduler(beat.Scheduler):
             self._settings.replica,
             self._store.display_url,
             self._settings.coordination,
-            self._schedules_counted(),
+            self._schedule.counted(),
             extra=logs.fields(replica=self._settings.replica),
         )
         for warning, line in retention.announce(self._engine.sweeper.policies):
@@ -105,10 +111,9 @@ class VoltroScheduler(beat.Scheduler):
     def _configure(self) -> None:
         if self._configured:
             return
-        settings = Settings.from_config(self.app.conf)
-        entries = parse_entries(
-            self._beat_schedule(), tz=settings.timezone, max_lateness=settings.max_lateness
-        )
+        settings = Settings.resolve(self.app.conf, overrides=self._overrides)
+        schedule = load_schedule(self.app, settings)
+        entries = list(schedule.entries.values())
         policies = upkeep.policies(settings, entries)
         database = Database.open(settings.store_url)
         if database.dialect == "postgresql":
@@ -117,17 +122,17 @@ class VoltroScheduler(beat.Scheduler):
             clock = Clock(ClockMode.LOCAL, local=lambda: database.clock())
         store = BeatStore(database, replica=settings.replica)
         self._settings = settings
-        self._entries = {entry.name: entry for entry in entries}
+        self._schedule = schedule
         self._store = store
         self._clock = clock
         self._engine = Engine(
             settings=settings,
-            entries=self._entries,
+            entries=schedule.entries,
             store=store,
             publisher=self.publisher_class(self.app, write_timeout=settings.publish_timeout * 3),
             clock=clock,
             membership=Membership(
-                Registry(database), clock, settings, self._entries, version("voltro-beat")
+                Registry(database), clock, settings, schedule.entries, version("voltro-beat")
             ),
             retention=policies,
             overlap_timeouts={
@@ -147,17 +152,6 @@ class VoltroScheduler(beat.Scheduler):
         limit = getattr(task, "time_limit", None) or self.app.conf.task_time_limit
         return timedelta(seconds=limit) if limit else DEFAULT_OVERLAP_TIMEOUT
 
-    def _beat_schedule(self) -> Mapping[str, Mapping[str, Any]]:
-        """The app's ``beat_schedule`` plus the entries Celery's own beat adds to it."""
-        schedule = dict(self.app.conf.beat_schedule or {})
-        self.install_default_entries(schedule)
-        return {**self._default_entries, **schedule}
-
-    def update_from_dict(self, dict_: Mapping[str, Mapping[str, Any]]) -> None:
-        """Where Celery's ``install_default_entries`` hands its entries (``backend_cleanup``
-        when results need cleaning up): kept as entries like the app's own."""
-        self._default_entries.update(dict_)
-
     def _serve_metrics(self, port: int) -> None:
         try:
             self._metrics.serve(port)
@@ -176,15 +170,8 @@ class VoltroScheduler(beat.Scheduler):
         return (
             f"voltro_beat: store {self._store.display_url}, "
             f"coordination {self._settings.coordination}, clock {self._clock.mode}, "
-            f"replica {self._settings.replica}, {self._schedules_counted()}"
+            f"replica {self._settings.replica}, {self._schedule.counted()}"
         )
-
-    def _schedules_counted(self) -> str:
-        """The app's schedules, counted as its ``beat_schedule`` lists them; the entries
-        Celery adds (``celery.backend_cleanup``) named apart."""
-        own = len(self._entries) - len(self._default_entries)
-        added = ", ".join(sorted(self._default_entries))
-        return f"{own} schedules" + (f" (and Celery's {added})" if added else "")
 
     # -- the loop -------------------------------------------------------------------------
 

@@ -276,7 +276,7 @@ class _Recorder:
 
     def _open(self) -> None:
         try:
-            settings = Settings.from_config(self.app.conf)
+            settings = Settings.resolve(self.app.conf)
             writer = self._given or RunWriter(Database.open(settings.store_url))
         except Exception as exc:
             # A configuration error is the beat's to report; workers keep running tasks.

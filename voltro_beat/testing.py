@@ -25,22 +25,21 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from voltro_beat.beat_schedule import load_schedule
+from voltro_beat.config import Settings
 from voltro_beat.exceptions import ConfigurationError, NaiveDatetimeError
 from voltro_beat.occurrences import Occurrence, next_after
-from voltro_beat.on_demand import load_app, schedule_of
+from voltro_beat.on_demand import load_app
 from voltro_beat.publisher import Publisher, arguments
 from voltro_beat.scheduler import VoltroScheduler
 from voltro_beat.schedules import Entry
 
 #: The ini option naming the app.
 APP_OPTION = "voltro_beat_app"
-#: Settings a test's beat must not take from the app or the environment: a server on a port,
-#: a file outside the test's directory, the process's logging rewired.
-_SIDE_EFFECTS = {
-    "voltro_beat_metrics_port": "VOLTRO_BEAT_METRICS_PORT",
-    "voltro_beat_health_file": "VOLTRO_BEAT_HEALTH_FILE",
-    "voltro_beat_log_json": "VOLTRO_BEAT_LOG_JSON",
-}
+#: Settings a test's beat must not take from the app or the environment (explicit values
+#: outrank both): no server on a port, no file outside the test's directory, the process's
+#: logging left alone.
+_NO_SIDE_EFFECTS = {"metrics_port": None, "health_file": None, "log_json": False}
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +145,7 @@ def voltro_occurrences(voltro_app: Celery) -> Callable[..., list[Occurrence]]:
     and task ids (``Occurrence``; ``scheduled_at`` is UTC)."""
 
     def occurrences(name: str, n: int = 10, *, after: datetime | None = None) -> list[Occurrence]:
-        entries = schedule_of(voltro_app)[1]
+        entries = load_schedule(voltro_app, Settings.resolve(voltro_app.conf)).entries
         entry = _named(entries, name)
         at: datetime | None = datetime.now(UTC) if after is None else after
         found: list[Occurrence] = []
@@ -161,7 +160,7 @@ def voltro_occurrences(voltro_app: Celery) -> Callable[..., list[Occurrence]]:
 
 @pytest.fixture
 def voltro_tick(
-    voltro_app: Celery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    voltro_app: Celery, tmp_path: Path
 ) -> Iterator[Callable[[datetime], list[Published]]]:
     """``voltro_tick(at)``: one tick of beat at the aware instant ``at``; returns what it
     would have published.
@@ -171,19 +170,17 @@ def voltro_tick(
     beat at ``at``: as on a real first boot, nothing at or before it fires, so tick once
     before the instant under test. Later calls move the clock on (or leave it).
     """
-    monkeypatch.setitem(
-        voltro_app.conf, "voltro_beat_store_url", f"sqlite:///{tmp_path / 'voltro-beat.sqlite3'}"
-    )
-    monkeypatch.setitem(voltro_app.conf, "voltro_beat_migrate", True)
-    for key, env in _SIDE_EFFECTS.items():
-        monkeypatch.setitem(voltro_app.conf, key, None)
-        monkeypatch.delenv(env, raising=False)
+    overrides = {
+        "store_url": f"sqlite:///{tmp_path / 'voltro-beat.sqlite3'}",
+        "migrate": True,
+        **_NO_SIDE_EFFECTS,
+    }
     scheduler: _RecordingScheduler | None = None
 
     def tick(at: datetime) -> list[Published]:
         nonlocal scheduler
         if scheduler is None:
-            scheduler = _RecordingScheduler(voltro_app)
+            scheduler = _RecordingScheduler(voltro_app, overrides=overrides)
         return scheduler.tick_at(at)
 
     yield tick
@@ -194,5 +191,5 @@ def voltro_tick(
 def _named(entries: Mapping[str, Entry], name: str) -> Entry:
     if name not in entries:
         known = ", ".join(sorted(entries)) or "none"
-        raise LookupError(f"no beat_schedule entry {name!r} (the app has: {known})")
+        raise LookupError(f"no beat_schedule entry {name!r} (beat runs: {known})")
     return entries[name]

@@ -24,9 +24,11 @@ from datetime import datetime
 from celery import Celery
 
 from voltro_beat import catchup, logs
+from voltro_beat.beat_schedule import load_schedule
+from voltro_beat.config import Settings
 from voltro_beat.exceptions import NotExternal, NotPublished, TooFar
 from voltro_beat.occurrences import Occurrence
-from voltro_beat.on_demand import OnDemand, schedule_of
+from voltro_beat.on_demand import OnDemand
 from voltro_beat.store.database import Database
 
 logger = logging.getLogger(__name__)
@@ -46,8 +48,10 @@ class Trigger:
     Thread-safe: the endpoint's requests fire one at a time (one broker connection).
     """
 
-    def __init__(self, app: Celery) -> None:
-        settings, self.entries = schedule_of(app)
+    def __init__(self, app: Celery, settings: Settings | None = None) -> None:
+        """``settings``: the app's own (:meth:`Settings.resolve`) unless given."""
+        settings = settings or Settings.resolve(app.conf)
+        self.entries = load_schedule(app, settings).entries
         self._on_demand = OnDemand(app, settings, Database.open(settings.store_url), self.entries)
         self.store = self._on_demand.store
         self._migrate = settings.migrate

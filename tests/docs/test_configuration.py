@@ -1,31 +1,23 @@
-"""docs/configuration.md against the code: every setting ``Settings.from_config`` reads, with
-its environment variable, has its row; every row names a setting the code reads; every
-``VOLTRO_*`` name in the package is documented on the page."""
+"""docs/configuration.md against the code: every setting of ``config.SETTINGS``, with its
+environment variable, has its row; every row names a setting the code reads; the precedence
+the page states is the code's; every ``VOLTRO_*`` name in the package is documented on the
+page."""
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import fields
 from pathlib import Path
 
-from voltro_beat import config
-from voltro_beat.config import Settings
+from voltro_beat.config import SETTINGS, Origin, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = (ROOT / "docs" / "configuration.md").read_text()
 
 
 def settings_in_code() -> dict[str, str]:
-    """``{setting: environment variable}`` from the ``get(...)`` calls of ``from_config``."""
-    tree = ast.parse(Path(config.__file__).read_text())
-    found = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "get":
-            key, env = node.args[0], node.args[1]
-            assert isinstance(key, ast.Constant) and isinstance(env, ast.Constant)
-            found[key.value] = env.value
-    return found
+    """``{setting: environment variable}`` from the table of ``config.SETTINGS``."""
+    return {setting.key: setting.env for setting in SETTINGS}
 
 
 def settings_in_page() -> dict[str, str]:
@@ -34,9 +26,19 @@ def settings_in_page() -> dict[str, str]:
 
 
 def test_every_setting_of_the_code_has_its_row_and_every_row_a_setting() -> None:
-    code = settings_in_code()
-    assert len(code) == len(fields(Settings)) - 1  # all but the app's own `timezone`
-    assert settings_in_page() == code
+    # Every field but the app's own `timezone` (and the record of sources) has its row.
+    assert {s.field for s in SETTINGS} == {f.name for f in fields(Settings)} - {
+        "timezone",
+        "sources",
+    }
+    assert settings_in_page() == settings_in_code()
+
+
+def test_the_page_states_the_codes_precedence() -> None:
+    section = PAGE.split("## Where a setting comes from", 1)[1].split("\n## ", 1)[0]
+    order = re.search(r"explicit flag > environment variable > app setting > default", section)
+    assert order, "the section does not state the order"
+    assert list(Origin) == [Origin.FLAG, Origin.ENVIRONMENT, Origin.APP, Origin.DEFAULT]
 
 
 def test_every_voltro_environment_name_of_the_package_is_on_the_page() -> None:

@@ -41,7 +41,7 @@ from voltro_beat.schedules import parse_entries
 
 app = Celery("tzproj", set_as_current=False)
 app.config_from_object("django.conf:settings", namespace="CELERY")
-settings = Settings.from_config(app.conf, environ={})
+settings = Settings.resolve(app.conf, environ={})
 schedule = {
     "nightly": {"task": "t", "schedule": crontab(hour=21, minute=0)},
     "nightly_text": {"task": "t", "schedule": "0 21 * * *"},

@@ -42,7 +42,7 @@ def test_the_banner_counts_the_apps_schedules_and_names_celerys_own(
     with caplog.at_level(logging.INFO, logger="voltro_beat.scheduler"):
         scheduler = VoltroScheduler(app)
     try:
-        assert "celery.backend_cleanup" in scheduler._entries  # it is scheduled all the same
+        assert "celery.backend_cleanup" in scheduler._schedule.entries  # scheduled all the same
         assert scheduler.info.endswith(", 2 schedules (and Celery's celery.backend_cleanup)")
         (line,) = [r.getMessage() for r in caplog.records if "coordination" in r.getMessage()]
         assert line.endswith(", 2 schedules (and Celery's celery.backend_cleanup)")

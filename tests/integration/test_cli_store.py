@@ -1,5 +1,5 @@
 """Which store and which app a ``voltro-beat`` command reads: ``--store`` given on the command
-line, else the app's ``voltro_beat_store_url`` (``-A``), else ``VOLTRO_BEAT_STORE_URL``, else
+line, else ``VOLTRO_BEAT_STORE_URL``, else the app's ``voltro_beat_store_url`` (``-A``), else
 the embedded default; and a command that only reads never creates a store (SQLite files,
 through click's runner)."""
 
@@ -48,16 +48,21 @@ def test_an_explicit_store_wins_over_the_app_and_the_environment(
     )
 
 
-def test_then_the_app_then_the_environment(app_module: str, tmp_path: Path) -> None:
+def test_then_the_environment_then_the_app(
+    app_module: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     env = {"VOLTRO_BEAT_STORE_URL": f"sqlite:///{tmp_path / 'env.db'}"}
     assert upgrade("-A", app_module, env=env) == (
-        f"sqlite:///{tmp_path / 'app.db'}: schema is up to date\n"
+        f"sqlite:///{tmp_path / 'env.db'}: schema is up to date\n"
     )
     # VOLTRO_BEAT_CELERY_APP names the app as -A does.
-    assert upgrade(env={**env, "VOLTRO_BEAT_CELERY_APP": app_module}) == (
+    assert upgrade(env={"VOLTRO_BEAT_STORE_URL": None, "VOLTRO_BEAT_CELERY_APP": app_module}) == (
         f"sqlite:///{tmp_path / 'app.db'}: schema is up to date\n"
     )
-    assert upgrade(env=env) == f"sqlite:///{tmp_path / 'env.db'}: schema is up to date\n"
+    monkeypatch.chdir(tmp_path)
+    assert upgrade(env={"VOLTRO_BEAT_STORE_URL": None}) == (
+        "sqlite:///voltro-beat.sqlite3: schema is up to date\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -76,6 +81,7 @@ def test_then_the_app_then_the_environment(app_module: str, tmp_path: Path) -> N
         ["admin"],
         ["trigger", "poll"],
         ["serve-trigger"],
+        ["config"],
     ],
     ids=lambda command: " ".join(command[:2]),
 )
@@ -109,7 +115,11 @@ def test_runs_of_an_unknown_schedule_say_so(app_module: str, tmp_path: Path) -> 
     assert "no schedule named 'nosuch' in the run table (schedules: none)" in out.output
     with_app = CliRunner().invoke(main, ["runs", "-A", app_module, "--schedule", "nosuch"])
     assert with_app.exit_code == 1
-    assert "nor in the app's beat_schedule (schedules: poll)" in with_app.output
+    # Celery's beat adds its cleanup entry to an app without a result backend too.
+    assert (
+        "nor in the app's beat_schedule (schedules: celery.backend_cleanup, poll)"
+        in with_app.output
+    )
     # A schedule of the app with no run yet: an empty table, no error.
     known = CliRunner().invoke(main, ["runs", "-A", app_module, "--schedule", "poll"])
     assert known.exit_code == 0, known.output

@@ -66,3 +66,20 @@ def test_without_the_app_option_the_fixture_says_what_to_set(pytester: pytest.Py
     result = run(pytester, "-p", "voltro_beat.testing")
     result.stdout.fnmatch_lines(["*set the voltro_beat_app ini option*"])
     assert result.ret != 0
+
+
+def test_the_tests_store_and_switches_outrank_the_environment(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The environment outranks the app's settings, the fixture's explicit values outrank
+    both: a deployment's variables in the test's shell change nothing."""
+    tests = project.path / "tests"
+    tests.mkdir()
+    (tests / "test_schedule.py").write_text(example()["tests/test_schedule.py"])
+    monkeypatch.setenv("VOLTRO_BEAT_STORE_URL", "sqlite:////nonexistent/dir/store.db")
+    monkeypatch.setenv("VOLTRO_BEAT_MIGRATE", "false")
+    monkeypatch.setenv("VOLTRO_BEAT_METRICS_PORT", "1")  # a port it could not serve
+    monkeypatch.setenv("VOLTRO_BEAT_HEALTH_FILE", "/nonexistent/dir/health")
+    result = run(project)
+    result.assert_outcomes(passed=3)
+    assert not Path("/nonexistent").exists()

@@ -48,7 +48,7 @@ class SimReplica:
         self.world = world
         self.name = name
         self.process = process = world.process(name, offset=offset, drift=drift)
-        settings = Settings.from_config({**conf, "voltro_beat_replica": name}, environ={})
+        settings = Settings.resolve(conf, overrides={"replica": name}, environ={})
         entries = {
             e.name: e
             for e in parse_entries(

@@ -71,8 +71,8 @@ def test_published_counts_and_observes_the_lag() -> None:
 
 
 def test_settings_metrics_port_and_json_logs() -> None:
-    settings = Settings.from_config({}, {"VOLTRO_BEAT_METRICS_PORT": "9108"})
+    settings = Settings.resolve({}, environ={"VOLTRO_BEAT_METRICS_PORT": "9108"})
     assert settings.metrics_port == 9108 and not settings.log_json
-    assert Settings.from_config({"voltro_beat_log_json": True}, {}).log_json
+    assert Settings.resolve({"voltro_beat_log_json": True}, environ={}).log_json
     with pytest.raises(ConfigurationError, match="voltro_beat_metrics_port"):
-        Settings.from_config({"voltro_beat_metrics_port": "http"}, {})
+        Settings.resolve({"voltro_beat_metrics_port": "http"}, environ={})

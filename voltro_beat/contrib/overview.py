@@ -1,8 +1,9 @@
 """The schedules overview: one line per schedule, its recent runs, and what comes next.
 
 Each admin reads the rows its own way (Django's ORM, SQLAlchemy); this module turns them
-into lines, and computes the next occurrences of the app's ``beat_schedule`` the way beat
-does (the app's timezone, voltro_beat's settings, :func:`voltro_beat.occurrences.next_after`).
+into lines, and computes the next occurrences of the app's schedule the way beat does (its
+``beat_schedule`` and Celery's own entries, voltro_beat's settings,
+:func:`voltro_beat.occurrences.next_after`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from voltro_beat.beat_schedule import load_schedule
 from voltro_beat.config import Settings
 from voltro_beat.contrib.display import colour, lag, seconds_text
 from voltro_beat.exceptions import VoltroBeatError
 from voltro_beat.occurrences import next_after
-from voltro_beat.schedules import parse_entries
 from voltro_beat.tally import Tally, tally
 
 #: How many of each schedule's newest runs a line shows.
@@ -129,12 +130,7 @@ def upcoming(app_path: str | None, *, now: datetime, count: int = UPCOMING) -> U
         return Upcoming({})
     try:
         app = _load(app_path)
-        settings = Settings.from_config(app.conf)
-        entries = parse_entries(
-            app.conf.beat_schedule or {},
-            tz=settings.timezone,
-            max_lateness=settings.max_lateness,
-        )
+        entries = load_schedule(app, Settings.resolve(app.conf)).entries.values()
     except (ImportError, AttributeError, ValueError, VoltroBeatError) as exc:
         return Upcoming({}, problem=f"cannot read the schedule of {app_path!r}: {exc}")
     found: dict[str, tuple[datetime, ...]] = {}
