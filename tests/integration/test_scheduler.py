@@ -125,7 +125,7 @@ def test_recovery_takes_chunks_each_within_its_lease(
     tick(down, sec(0))
     tick(down, sec(1))  # a, b and c @ 10:00:01 stay claimed
     up = replicas("up", schedule=schedule)
-    monkeypatch.setattr("voltro_beat.dispatch.CHUNK", 1)
+    monkeypatch.setattr(up._engine.dispatch, "chunk", 1)
     recover(up, sec(14))  # one chunk after another: all three (leased until 13.5 s)
     assert {r.status for r in rows(store_url).values()} == {"published"}
     # Same again, but each chunk seems to take three seconds: after half the publish
@@ -500,7 +500,7 @@ def three_fenced_ahead(replicas: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     10:00:13.5), that writes one message per broker write."""
     schedule = {name: {"task": "proj.work", "schedule": "* * * * * *"} for name in "abc"}
     r1 = replicas("r1", schedule=schedule)
-    monkeypatch.setattr("voltro_beat.dispatch.CHUNK", 1)
+    monkeypatch.setattr(r1._engine.dispatch, "chunk", 1)
     tick(r1, sec(0))
     tick(r1, sec(0.9))
     return r1
