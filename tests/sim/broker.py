@@ -79,7 +79,7 @@ class SimBroker:
             self._ready.wait()
         message = self.queue.popleft()
         self.unacked[worker.name].append(message)
-        if self.world.rng.random() < self.faults.redeliver:
+        if self.world.faulty and self.world.rng.random() < self.faults.redeliver:
             self.world.log("broker", "redelivers", "", (message.key,))
             self.queue.append(message)
             self._ready.notify_all()
@@ -127,7 +127,7 @@ class SimPublisher:
         batch = [Message(key, task_id, entry.name) for entry, key, task_id in messages]
         call = self.broker.observer.call(self.process, [m.key for m in batch])
         world.sleep(rng.expovariate(1.0 / faults.latency))
-        roll = rng.random()
+        roll = rng.random() if world.faulty else 1.0
         if roll < faults.cut_before:
             call.mode = "cut before"
             raise PublishError("simulated: connection cut", confirmed=0)

@@ -329,6 +329,7 @@ def _run(world: World, observer: Observer, path: str) -> Result:
         if not any(w.process.alive for w in workers):
             start_worker()
 
+    world.calm_at = faulty
     _at(world, faulty, ensure_alive)
     world.run(faulty + calm, on_step=watch_boots)
     settle = 3 * lease + max_duration + conf["voltro_beat_worker_lease"] + 6.0

@@ -108,7 +108,7 @@ class SimStore:
                 sim._release(self)
                 faults = sim.faults[process.name]
                 sim._after(process)
-                if sim.world.rng.random() < faults.lost_commit_chance:
+                if sim.world.faulty and sim.world.rng.random() < faults.lost_commit_chance:
                     sim.world.log(process.name, "fault", "commit's answer lost")
                     raise sqlite3.OperationalError("simulated: connection lost after COMMIT")
 
@@ -135,7 +135,7 @@ class SimStore:
         verb = sql.lstrip()[:6].upper()
         if verb.startswith("BEGIN"):
             self._acquire(conn)
-        if faults.out(world.t) or world.rng.random() < faults.fail_chance:
+        if world.faulty and (faults.out(world.t) or world.rng.random() < faults.fail_chance):
             self._record(process, ok=False)
             world.log(process.name, "fault", f"statement failed: {sql.split()[0]}")
             raise sqlite3.OperationalError("simulated: server closed the connection")
@@ -146,7 +146,7 @@ class SimStore:
 
     def _latency(self, faults: StoreFaults) -> float:
         rng = self.world.rng
-        if faults.slow_chance and rng.random() < faults.slow_chance:
+        if self.world.faulty and faults.slow_chance and rng.random() < faults.slow_chance:
             return rng.uniform(0.0, faults.slow)
         return rng.expovariate(1.0 / faults.latency) if faults.latency else 0.0
 

@@ -217,6 +217,8 @@ class World:
     #: Called with each process that dies (killed or exited).
     deaths: list[Callable[[Process], None]] = field(default_factory=list)
     steps: int = 0
+    #: From this virtual second on, no fault is injected any more (the calm spell).
+    calm_at: float = float("inf")
     #: Exceptions that escaped a greenlet (a bug of the code under test or of the harness).
     crashes: list[str] = field(default_factory=list)
 
@@ -228,6 +230,11 @@ class World:
         self._loop: greenlet.greenlet | None = None
 
     # -- time -----------------------------------------------------------------------------
+
+    @property
+    def faulty(self) -> bool:
+        """Whether faults may happen now."""
+        return self.t < self.calm_at
 
     def now(self) -> datetime:
         """The true time: the database's clock."""
