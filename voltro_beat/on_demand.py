@@ -21,7 +21,7 @@ from celery import Celery
 from celery.app.utils import find_app
 
 from voltro_beat import dispatch
-from voltro_beat.clock import Clock, ClockMode
+from voltro_beat.clock import Clock
 from voltro_beat.config import Settings
 from voltro_beat.dispatch import Dispatcher
 from voltro_beat.exceptions import ConfigurationError, PublishError
@@ -69,14 +69,14 @@ class OnDemand:
         self.settings = settings
         self.store = BeatStore(database, replica=f"cli:{socket.gethostname()}:{os.getpid()}")
         self.publisher = Publisher(app, write_timeout=settings.publish_timeout * 3)
-        # Each fence reads the database's clock: the dispatcher's bounds come from it.
-        mode = ClockMode.DATABASE if database.dialect == "postgresql" else ClockMode.LOCAL
+        # Each fence reads the database's clock: the dispatcher's bounds come from it,
+        # whatever voltro_beat_clock says.
         self.dispatch = Dispatcher(
             self.store,
             self.publisher,
             entries,
             settings.publish_timeout,
-            Clock(mode, local=lambda: database.clock()),
+            Clock(database.clock_mode(), local=lambda: database.clock()),
         )
 
     def publish(

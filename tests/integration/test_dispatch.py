@@ -23,7 +23,7 @@ from celery import Celery
 from celery.apps.beat import Beat
 from kombu import Connection, Queue
 
-from voltro_beat.clock import Clock, ClockMode
+from voltro_beat.clock import Clock
 from voltro_beat.coordination import Coordination
 from voltro_beat.dispatch import Dispatcher
 from voltro_beat.exceptions import StoreError
@@ -74,8 +74,7 @@ def dispatcher(store: BeatStore, app: Celery, queues: dict[str, str] | None = No
         tz="UTC",
         max_lateness=timedelta(hours=1),
     )
-    postgres = store.database.dialect == "postgresql"
-    clock = Clock(ClockMode.DATABASE if postgres else ClockMode.LOCAL)
+    clock = Clock(store.database.clock_mode())
     publisher = Publisher(app, write_timeout=LEASE * 3)
     return Dispatcher(store, publisher, {e.name: e for e in entries}, LEASE, clock)
 

@@ -471,7 +471,7 @@ def test_retention_deletes_200000_rows_in_short_transactions(
         " INSERT INTO _voltro_schedule_runs (id, schedule, task, task_id, scheduled_at,"
         " coordination_outcome, status) SELECT 's@' || i, 's', 't', 'id' || i,"
         " '2000-01-01 00:00:00.000000', 'won_lock', 'succeeded' FROM n",
-    }[store.database.dialect]
+    }[store.database.dialect.name]
     with store.database.engine.begin() as conn:
         conn.execute(sa.text(fill), {"rows": ROWS})
     store.claim([occ(0, status=Status.QUEUED)], coordination=LOCK, lease=LEASE)
@@ -548,7 +548,7 @@ def test_operator_reads(stores: Callable[[str], BeatStore]) -> None:
     check = reads.check_schema(db)
     assert check.ok and check.current == check.head
 
-    if db.dialect == "postgresql":
+    if db.dialect.name == "postgresql":
         with db.connect(autocommit=True) as conn:
             conn.exec_driver_sql(f"ANALYZE {runs.name}")
     assert a.row_estimates()[runs.name] == 8
