@@ -27,6 +27,7 @@ from voltro_beat.dispatch import Dispatcher
 from voltro_beat.exceptions import ConfigurationError, PublishError
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.publisher import Publisher
+from voltro_beat.runs import Run
 from voltro_beat.schedules import Entry, parse_entries
 from voltro_beat.status import Reason
 from voltro_beat.store.beat import BeatStore
@@ -96,9 +97,9 @@ class OnDemand:
         published: list[str] = []
         for start in range(0, len(instants), dispatch.CHUNK):
             chunk = instants[start : start + dispatch.CHUNK]
-            occurrences = [Occurrence.of(entry.name, entry.task, at, reason=reason) for at in chunk]
+            occurrences = [Occurrence.of(entry.name, at) for at in chunk]
             won = self.store.claim(
-                occurrences,
+                [Run(o, entry.task, reason=reason) for o in occurrences],
                 coordination=self.settings.coordination,
                 lease=self.settings.publish_timeout,
             )

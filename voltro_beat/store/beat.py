@@ -21,6 +21,7 @@ from voltro_beat.clock import Reading
 from voltro_beat.coordination import Coordination, Outcome
 from voltro_beat.exceptions import ConfigurationError
 from voltro_beat.occurrences import Occurrence
+from voltro_beat.runs import Run
 from voltro_beat.status import KEPT_BY_RETENTION, Reason, Status
 from voltro_beat.store.database import Database
 from voltro_beat.store.dialect import SQLITE_CHUNK, chunks
@@ -66,13 +67,13 @@ class BeatStore:
 
     def claim(
         self,
-        occurrences: Sequence[Occurrence],
+        runs: Sequence[Run],
         *,
         coordination: Coordination,
         lease: timedelta,
         prune: Mapping[str, timedelta] | None = None,
     ) -> set[str]:
-        """Record ``occurrences``; return the keys this replica won.
+        """Record ``runs``; return the keys of those this replica won.
 
         Under a coordination that claims, each key first goes through the claims table
         (guarantee 2); either way the run row's primary key is the last fence (guarantee 4).
@@ -81,36 +82,29 @@ class BeatStore:
         ``prune`` maps a schedule to how long its claims outlive a newer win: the winner
         deletes the older ones.
         """
-        return self._claim(
-            occurrences, coordination.claims, coordination.outcome, lease, prune or {}
-        )
+        return self._claim(runs, coordination.claims, coordination.outcome, lease, prune or {})
 
-    def claim_external(self, occurrence: Occurrence, *, lease: timedelta) -> bool:
-        """Record ``occurrence`` for an external trigger; True if this call won it.
+    def claim_external(self, run: Run, *, lease: timedelta) -> bool:
+        """Record ``run`` for an external trigger; True if this call won it.
 
         Always through the claims table, whatever the coordination: the duplicate comes from
         the platform that triggers (a CronJob may start twice), not from a second replica.
         The run row's outcome is ``external``.
         """
-        return bool(self._claim([occurrence], True, Outcome.EXTERNAL, lease, {}))
+        return bool(self._claim([run], True, Outcome.EXTERNAL, lease, {}))
 
     def _claim(
         self,
-        occurrences: Sequence[Occurrence],
+        runs: Sequence[Run],
         gated: bool,
         outcome: Outcome,
         lease: timedelta,
         prune: Mapping[str, timedelta],
     ) -> set[str]:
-        if not occurrences:
+        if not runs:
             return set()
         return self.database.dialect.claim(
-            occurrences,
-            gated=gated,
-            outcome=outcome,
-            lease=lease,
-            prune=prune,
-            replica=self.replica,
+            runs, gated=gated, outcome=outcome, lease=lease, prune=prune, replica=self.replica
         )
 
     def fence(
@@ -211,15 +205,15 @@ class BeatStore:
 
     # -- overlap ------------------------------------------------------------------------
 
-    def live_runs(self, schedules: Sequence[str], *, since: datetime) -> list[Occurrence]:
+    def live_runs(self, schedules: Sequence[str], *, since: datetime) -> list[Run]:
         """Unfinished runs (in flight or queued) of ``schedules`` scheduled at or after
         ``since``, each with when it last moved."""
         stmt = sa.select(
-            runs.c.id,
             runs.c.schedule,
-            runs.c.task,
-            runs.c.task_id,
             runs.c.scheduled_at,
+            runs.c.id,
+            runs.c.task_id,
+            runs.c.task,
             runs.c.status,
             runs.c.reason,
             sa.func.coalesce(runs.c.started_at, runs.c.published_at, runs.c.claimed_at),
@@ -230,17 +224,16 @@ class BeatStore:
             # even with a generic plan.
             sa.text(LIVE),
         )
-        found: list[Occurrence] = []
+        found: list[Run] = []
         with self.database.connect() as conn:
             for chunk in chunks(list(schedules), SQLITE_CHUNK):
-                for key, name, task, task_id, at, status, reason, moved in conn.execute(
+                for name, at, key, task_id, task, status, reason, moved in conn.execute(
                     stmt, {"names": chunk}
                 ):
+                    occurrence = Occurrence(name, at, key, task_id)
                     # coalesce() loses the column type on SQLite: parse the text back.
-                    since_ = instant(moved)
-                    found.append(
-                        Occurrence(key, name, task, task_id, at, Status(status), reason, since_)
-                    )
+                    moved_at = instant(moved)
+                    found.append(Run(occurrence, task, Status(status), reason, since=moved_at))
         return found
 
     def note_overlap_timeout(self, keys: Iterable[str]) -> None:
@@ -294,7 +287,8 @@ class BeatStore:
     ) -> list[Occurrence]:
         """Take over at most ``limit`` ``claimed`` runs of ``schedules`` whose lease ran out
         (a replica crashed, stopped or lost the broker) and whose deadline has not passed:
-        they are this replica's, leased for ``hold``, oldest lease first.
+        they are this replica's, leased for ``hold``, oldest lease first. Returns their
+        occurrences.
 
         A conditional update: of several replicas at once, exactly one gets each row (SKIP
         LOCKED on PostgreSQL; SQLite serialises writers), and none while the holder's lease
@@ -314,23 +308,16 @@ class BeatStore:
                 sa.update(runs)
                 .where(runs.c.id.in_(stale.scalar_subquery()), _lapsed(now))
                 .values(replica=self.replica, lease_until=now + hold)
-                .returning(
-                    runs.c.id,
-                    runs.c.schedule,
-                    runs.c.task,
-                    runs.c.task_id,
-                    runs.c.scheduled_at,
-                    runs.c.deadline,
-                )
+                .returning(runs.c.schedule, runs.c.scheduled_at, runs.c.id, runs.c.task_id)
             )
             return [
-                Occurrence(key, name, task, task_id, at, deadline=deadline)
-                for key, name, task, task_id, at, deadline in conn.execute(
+                Occurrence(name, at, key, task_id)
+                for name, at, key, task_id in conn.execute(
                     stmt, {"names": json.dumps(sorted(schedules))}
                 )
             ]
 
-    def expire(self, *, known: Collection[str], limit: int) -> list[Occurrence]:
+    def expire(self, *, known: Collection[str], limit: int) -> list[Run]:
         """Record as ``missed`` at most ``limit`` ``claimed`` runs whose lease ran out and
         whose deadline passed (guarantee 6), whatever their schedule: reason
         ``broker_refused`` if the broker refused its last try (:meth:`refuse`), else
@@ -354,17 +341,17 @@ class BeatStore:
                 .where(runs.c.id.in_(doomed.scalar_subquery()), _lapsed(now))
                 .values(status=Status.MISSED.value, reason=reason, lease_until=None)
                 .returning(
-                    runs.c.id,
                     runs.c.schedule,
-                    runs.c.task,
-                    runs.c.task_id,
                     runs.c.scheduled_at,
+                    runs.c.id,
+                    runs.c.task_id,
+                    runs.c.task,
                     runs.c.reason,
                 )
             )
             return [
-                Occurrence(key, name, task, task_id, at, Status.MISSED, why)
-                for key, name, task, task_id, at, why in conn.execute(
+                Run(Occurrence(name, at, key, task_id), task, Status.MISSED, why)
+                for name, at, key, task_id, task, why in conn.execute(
                     stmt, {"names": json.dumps(sorted(known))}
                 )
             ]

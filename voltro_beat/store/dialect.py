@@ -21,7 +21,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from voltro_beat.clock import ClockMode
 from voltro_beat.coordination import Outcome
-from voltro_beat.occurrences import Occurrence
+from voltro_beat.runs import Run
 
 if TYPE_CHECKING:
     from voltro_beat.store.database import Database
@@ -111,7 +111,7 @@ class Dialect(ABC):
     @abstractmethod
     def claim(
         self,
-        occurrences: Sequence[Occurrence],
+        batch: Sequence[Run],
         *,
         gated: bool,
         outcome: Outcome,
@@ -119,7 +119,7 @@ class Dialect(ABC):
         prune: Mapping[str, timedelta],
         replica: str,
     ) -> set[str]:
-        """Record ``occurrences`` for ``replica`` (through the claims table first if
+        """Record the runs of ``batch`` for ``replica`` (through the claims table first if
         ``gated``), refusing those older than the runs watermark; the keys recorded. See
         ``BeatStore.claim``."""
 

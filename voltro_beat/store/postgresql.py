@@ -24,7 +24,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from voltro_beat.clock import ClockMode
 from voltro_beat.coordination import Outcome
-from voltro_beat.occurrences import Occurrence
+from voltro_beat.runs import Run
 from voltro_beat.status import Status
 from voltro_beat.store.dialect import Dialect, chunks
 from voltro_beat.store.tables import CLAIMS, RUNS, WATERMARKS, replicas
@@ -213,7 +213,7 @@ class PostgreSQL(Dialect):
 
     def claim(
         self,
-        occurrences: Sequence[Occurrence],
+        batch: Sequence[Run],
         *,
         gated: bool,
         outcome: Outcome,
@@ -222,19 +222,20 @@ class PostgreSQL(Dialect):
         replica: str,
     ) -> set[str]:
         rows = []
-        for o in occurrences:
+        for run in batch:
+            o = run.occurrence
             grace = prune.get(o.schedule)
             rows.append(
                 [
                     o.key,
                     o.schedule,
-                    o.task,
+                    run.task,
                     o.task_id,
                     o.scheduled_at.isoformat(),
-                    o.status,
-                    o.reason,
+                    run.status,
+                    run.reason,
                     None if grace is None else (o.scheduled_at - grace).isoformat(),
-                    None if o.deadline is None else o.deadline.isoformat(),
+                    None if run.deadline is None else run.deadline.isoformat(),
                 ]
             )
         params = {

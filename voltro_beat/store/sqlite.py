@@ -22,7 +22,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from voltro_beat.clock import ClockMode
 from voltro_beat.coordination import Outcome
-from voltro_beat.occurrences import Occurrence
+from voltro_beat.runs import Run
 from voltro_beat.status import Status
 from voltro_beat.store.dialect import SQLITE_CHUNK, Dialect, chunks
 from voltro_beat.store.tables import RUNS, claims, instant, runs, watermarks
@@ -107,7 +107,7 @@ class SQLite(Dialect):
 
     def claim(
         self,
-        occurrences: Sequence[Occurrence],
+        batch: Sequence[Run],
         *,
         gated: bool,
         outcome: Outcome,
@@ -124,18 +124,18 @@ class SQLite(Dialect):
                 sa.select(watermarks.c.before).where(watermarks.c.name == RUNS)
             ).scalar()
             if floor is not None:  # see BeatStore.delete_expired
-                occurrences = [o for o in occurrences if o.scheduled_at >= floor]
-            for chunk in chunks(occurrences, SQLITE_CHUNK):
+                batch = [r for r in batch if r.occurrence.scheduled_at >= floor]
+            for chunk in chunks(batch, SQLITE_CHUNK):
                 if gated:
                     rows = [
                         {
-                            "id": o.key,
-                            "schedule": o.schedule,
-                            "scheduled_at": o.scheduled_at,
+                            "id": r.occurrence.key,
+                            "schedule": r.occurrence.schedule,
+                            "scheduled_at": r.occurrence.scheduled_at,
                             "claimed_at": now,
                             "replica": replica,
                         }
-                        for o in chunk
+                        for r in chunk
                     ]
                     stmt = (
                         sqlite.insert(claims)
@@ -144,12 +144,12 @@ class SQLite(Dialect):
                         .returning(claims.c.id)
                     )
                     inserted = {row[0] for row in conn.execute(stmt)}
-                    chunk = [o for o in chunk if o.key in inserted]
+                    chunk = [r for r in chunk if r.occurrence.key in inserted]
                     if not chunk:
                         continue
                 stmt = (
                     sqlite.insert(runs)
-                    .values([_run_row(o, outcome, replica, now, lease) for o in chunk])
+                    .values([_run_row(r, outcome, replica, now, lease) for r in chunk])
                     .on_conflict_do_nothing()
                     .returning(runs.c.id)
                 )
@@ -157,7 +157,7 @@ class SQLite(Dialect):
                 won |= recorded
                 prunes = [
                     {"s": o.schedule, "b": o.scheduled_at - prune[o.schedule]}
-                    for o in chunk
+                    for o in (r.occurrence for r in chunk)
                     if o.key in recorded and o.schedule in prune
                 ]
                 if gated and prunes:
@@ -268,22 +268,23 @@ class SQLite(Dialect):
 
 
 def _run_row(
-    o: Occurrence, outcome: Outcome, replica: str, now: datetime, lease: timedelta
+    run: Run, outcome: Outcome, replica: str, now: datetime, lease: timedelta
 ) -> dict[str, Any]:
     # A claimed row's lease runs from its instant (claimed ahead) or from now (claimed late).
+    o = run.occurrence
     return {
         "id": o.key,
         "schedule": o.schedule,
-        "task": o.task,
+        "task": run.task,
         "task_id": o.task_id,
         "scheduled_at": o.scheduled_at,
         "coordination_outcome": outcome.value,
-        "status": o.status,
-        "reason": o.reason,
+        "status": run.status,
+        "reason": run.reason,
         "replica": replica,
         "claimed_at": now,
-        "deadline": o.deadline,
-        "lease_until": max(o.scheduled_at, now) + lease if o.status == Status.CLAIMED else None,
+        "deadline": run.deadline,
+        "lease_until": (max(o.scheduled_at, now) + lease if run.status == Status.CLAIMED else None),
     }
 
 
