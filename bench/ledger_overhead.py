@@ -45,7 +45,8 @@ from celery import Celery
 
 from voltro_beat import ledger
 from voltro_beat.coordination import Coordination
-from voltro_beat.occurrences import Occurrence, task_id_for
+from voltro_beat.occurrences import Occurrence
+from voltro_beat.runs import Run
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database
 from voltro_beat.store.run_writer import RunWriter
@@ -296,16 +297,13 @@ def publish_block(
         for i in range(args.tasks):
             client.send_task("bench.noop", (block, i), queue=queue, producer=producer)
         return []
-    occurrences = []
-    for i in range(args.tasks):
-        key = f"bench-{block}@{base + timedelta(seconds=i):%Y-%m-%dT%H:%M:%S}"
-        occurrences.append(
-            Occurrence(
-                key, f"bench-{block}", "bench.noop", task_id_for(key), base + timedelta(seconds=i)
-            )
-        )
+    occurrences = [
+        Occurrence.of(f"bench-{block}", base + timedelta(seconds=i)) for i in range(args.tasks)
+    ]
     published = store.claim(
-        occurrences, coordination=Coordination.ADVISORY_LOCK, lease=timedelta(seconds=10)
+        [Run(o, "bench.noop") for o in occurrences],
+        coordination=Coordination.ADVISORY_LOCK,
+        lease=timedelta(seconds=10),
     )
     assert len(published) == len(occurrences)
     for i, occurrence in enumerate(occurrences):
@@ -328,9 +326,10 @@ def publish_block(
 def time_writes(store: BeatStore, count: int) -> float:
     """Milliseconds per started + succeeded pair of ledger writes, without Celery."""
     base = datetime(2027, 1, 1, tzinfo=UTC)
-    keys = [f"bench-direct@{base + timedelta(seconds=i):%Y-%m-%dT%H:%M:%S}" for i in range(count)]
+    occurrences = [Occurrence.of("bench-direct", base + timedelta(seconds=i)) for i in range(count)]
+    keys = [o.key for o in occurrences]
     store.claim(
-        [Occurrence(k, "bench-direct", "bench.noop", task_id_for(k), base) for k in keys],
+        [Run(o, "bench.noop") for o in occurrences],
         coordination=Coordination.ADVISORY_LOCK,
         lease=timedelta(seconds=10),
     )

@@ -2,7 +2,7 @@
 which occurrence an external trigger's late arrival stands for).
 
 Pure: the scheduler passes the newest occurrence the store remembers for a schedule and the
-current instant (on the database clock), and records the occurrences :func:`plan` returns
+current instant (on the database clock), and records the runs :func:`plan` returns
 (``claimed`` to publish, ``missed`` otherwise) through the gate, so every replica that boots at
 once agrees row by row.
 """
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from voltro_beat.occurrences import Occurrence, latest_at_or_before, next_after
+from voltro_beat.runs import Run
 from voltro_beat.schedules import Entry, cadence
 from voltro_beat.status import Reason, Status
 
@@ -23,18 +24,18 @@ MAX_BACKFILL = 1000
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """The occurrences to record for one schedule, oldest first.
+    """The runs to record for one schedule, oldest first.
 
     ``unrecorded_until``: when more than :data:`MAX_BACKFILL` occurrences fell in the window,
     the newest of those left out (all at or before it were too); ``None`` when none was.
     """
 
-    occurrences: list[Occurrence]
+    runs: list[Run]
     unrecorded_until: datetime | None = None
 
 
 def plan(entry: Entry, last: datetime | None, now: datetime, *, on_time: timedelta) -> Plan:
-    """The occurrences of ``entry`` after ``last`` up to ``now``, each with its fate.
+    """The runs of ``entry``'s occurrences after ``last`` up to ``now``, each with its fate.
 
     A schedule with no history (``last`` is None) starts from now: nothing historical fires
     on a first boot. Only occurrences within ``entry.max_lateness`` of ``now`` are considered
@@ -57,11 +58,12 @@ def plan(entry: Entry, last: datetime | None, now: datetime, *, on_time: timedel
     cut = max(0, len(instants) - sent)
     lateness = entry.max_lateness
     missed = [
-        Occurrence.of(entry.name, entry.task, at, Status.MISSED, Reason.CATCH_UP)
+        Run(Occurrence.of(entry.name, at), entry.task, Status.MISSED, Reason.CATCH_UP)
         for at in instants[:cut]
     ]
     published = [
-        Occurrence.of(entry.name, entry.task, at, deadline=at + lateness) for at in instants[cut:]
+        Run(Occurrence.of(entry.name, at), entry.task, deadline=at + lateness)
+        for at in instants[cut:]
     ]
     return Plan(missed + published, unrecorded_until)
 

@@ -286,7 +286,7 @@ def db_upgrade(settings: Settings) -> None:
 @db.command("sql")
 @_settings_options()
 def db_sql(settings: Settings) -> None:
-    """Print the DDL of every migration for the store's dialect, for a DBA to run."""
+    """Print the DDL of every migration for the store's kind of database, for a DBA to run."""
     with _errors():
         Database.open(settings.store_url)  # validates the URL
         click.echo(migrations.sql(settings.store_url), nl=False)
@@ -738,8 +738,8 @@ def _open(store_url: str) -> Iterator[Database]:
 def _existing(database: Database) -> Database:
     """``database``, unless it is a SQLite file that does not exist: connecting would create
     it, and a command that reads the store never creates one."""
-    path = database.engine.url.database if database.dialect == "sqlite" else None
-    if path and path != ":memory:" and not Path(path).exists():
+    path = database.file
+    if path is not None and not Path(path).exists():
         database.dispose()
         raise click.ClickException(
             f"store {database.display_url}: no such file (no beat has run with this store): "

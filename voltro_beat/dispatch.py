@@ -61,11 +61,11 @@ CHUNK = 1000
 
 @dataclass(frozen=True, slots=True)
 class Fenced:
-    """A chunk of runs the fence let through, to be written at ``instant`` (the latest of
-    theirs), leased until ``held_until`` (None if none was let through), with the database's
-    clock as the fence read it."""
+    """The occurrences of a chunk whose runs the fence let through, to be written at
+    ``instant`` (the latest of theirs), leased until ``held_until`` (None if none was let
+    through), with the database's clock as the fence read it."""
 
-    runs: list[Occurrence]
+    occurrences: list[Occurrence]
     instant: datetime
     held_until: datetime | None
     reading: Reading | None
@@ -149,8 +149,8 @@ class Dispatcher:
                     complete = False
                     break
                 if not self._holds(fenced):
-                    fenced = self.fence(fenced.runs)
-                chunk = fenced.runs
+                    fenced = self.fence(fenced.occurrences)
+                chunk = fenced.occurrences
                 if not chunk:
                     continue
                 with self.runner.hold_signals(), self._renewing([o.key for o in chunk]):

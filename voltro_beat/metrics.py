@@ -23,6 +23,7 @@ from typing import Any
 
 from voltro_beat.exceptions import ConfigurationError
 from voltro_beat.occurrences import Occurrence
+from voltro_beat.runs import Run
 from voltro_beat.status import Status
 
 logger = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class Metrics:
 
     # -- what the scheduler and the dispatcher report ---------------------------------------
 
-    def recorded(self, batch: Sequence[Occurrence], won: Collection[str]) -> None:
+    def recorded(self, batch: Sequence[Run], won: Collection[str]) -> None:
         """A claim statement's answer: what this replica won (to publish, or recorded missed)
         and what another replica had claimed already."""
         if self._on is None:
@@ -86,23 +87,24 @@ class Metrics:
         claimed: Tally[str] = Tally()
         lost: Tally[str] = Tally()
         missed: Tally[tuple[str, str]] = Tally()
-        for o in batch:
-            if o.key not in won:
-                lost[o.schedule] += 1
-            elif o.status == Status.CLAIMED:
-                claimed[o.schedule] += 1
-            elif o.status == Status.MISSED:
-                missed[o.schedule, o.reason or ""] += 1
+        for run in batch:
+            name = run.occurrence.schedule
+            if run.occurrence.key not in won:
+                lost[name] += 1
+            elif run.status == Status.CLAIMED:
+                claimed[name] += 1
+            elif run.status == Status.MISSED:
+                missed[name, run.reason or ""] += 1
         for name, n in claimed.items():
             self._on.claimed.labels(name).inc(n)
         for name, n in lost.items():
             self._on.lost.labels(name).inc(n)
         self._count_missed(missed)
 
-    def missed(self, occurrences: Sequence[Occurrence]) -> None:
+    def missed(self, runs: Sequence[Run]) -> None:
         """Runs this replica recorded missed after they were claimed (past their deadline)."""
         if self._on is not None:
-            self._count_missed(Tally((o.schedule, o.reason or "") for o in occurrences))
+            self._count_missed(Tally((r.occurrence.schedule, r.reason or "") for r in runs))
 
     def published(self, occurrences: Sequence[Occurrence], at: datetime) -> None:
         """The broker confirmed ``occurrences`` at ``at`` (this replica's clock)."""

@@ -1,10 +1,11 @@
 """Occurrence maths and identity: the UTC instants at which a schedule fires, and what names
-one occurrence on every replica (its key, its task id, its record).
+one occurrence on every replica (its key and its task id).
 
 Pure functions of their arguments: no I/O, no clock reads, no Celery or SQLAlchemy. Every
 replica therefore computes the same instants, keys and task ids for the same schedule
 (guarantees 1 and 7 in docs/guarantees.md). Cron expressions are the business of
-:mod:`voltro_beat.cron`; intervals, one-offs and solar events are computed here.
+:mod:`voltro_beat.cron`; intervals, one-offs and solar events are computed here. What beat
+records of an occurrence's run is in :mod:`voltro_beat.runs`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from voltro_beat.schedules import (
     check_name,
     to_spec,
 )
-from voltro_beat.status import Status
 
 #: How far :func:`latest_at_or_before` looks back.
 _LOOK_BACK = timedelta(days=366)
@@ -44,46 +44,29 @@ NAMESPACE = uuid.UUID("5d3b9c1e-8f0a-5b6e-9a57-766f6c74726f")
 
 @dataclass(frozen=True, slots=True)
 class Occurrence:
-    """One occurrence of a schedule, and its run as beat records or reads it.
+    """One occurrence of a schedule, as every replica names it: ``schedule`` at
+    ``scheduled_at``, with the ``key`` and the ``task_id`` derived from them alone (see
+    :meth:`of`).
 
-    ``key`` and ``task_id`` derive from ``schedule`` and ``scheduled_at`` (see :meth:`of`).
-    ``status`` is the run's status: to record (``claimed`` for an occurrence to publish, or
-    ``missed`` / ``skipped`` / ``queued`` with a ``reason``), or as read back from its row.
-    ``since``, on rows read back, is when the run last moved: started, else published, else
-    claimed. ``deadline`` is the instant plus the entry's ``max_lateness``: it is never
-    published after that (guarantee 6).
+    The task it runs is not part of it: that comes from the schedule's definition, which a
+    rolling deploy may change while the occurrence stays the same (its run records the task,
+    :class:`voltro_beat.runs.Run`).
     """
 
-    key: str
     schedule: str
-    task: str
-    task_id: str
     scheduled_at: datetime
-    status: Status = Status.CLAIMED
-    reason: str | None = None
-    since: datetime | None = None
-    deadline: datetime | None = None
+    key: str
+    task_id: str
 
     def __post_init__(self) -> None:
         if self.scheduled_at.utcoffset() is None:
             raise NaiveDatetimeError(f"{self.key}: scheduled_at must be an aware datetime")
 
     @classmethod
-    def of(
-        cls,
-        schedule: str,
-        task: str,
-        scheduled_at: datetime,
-        status: Status = Status.CLAIMED,
-        reason: str | None = None,
-        *,
-        deadline: datetime | None = None,
-    ) -> Occurrence:
+    def of(cls, schedule: str, scheduled_at: datetime) -> Occurrence:
         """The occurrence of ``schedule`` at ``scheduled_at``, with its key and task id."""
         key = occurrence_key(schedule, scheduled_at)
-        return cls(
-            key, schedule, task, task_id_for(key), scheduled_at, status, reason, deadline=deadline
-        )
+        return cls(schedule, scheduled_at, key, task_id_for(key))
 
 
 def occurrence_key(name: str, scheduled_at: datetime) -> str:

@@ -20,12 +20,13 @@ from celery import Celery
 from celery.app.utils import find_app
 
 from voltro_beat import dispatch
-from voltro_beat.clock import Clock, ClockMode
+from voltro_beat.clock import Clock
 from voltro_beat.config import Settings
 from voltro_beat.dispatch import Dispatcher
 from voltro_beat.exceptions import ConfigurationError, PublishError
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.publisher import Publisher
+from voltro_beat.runs import Run
 from voltro_beat.schedules import Entry
 from voltro_beat.status import Reason
 from voltro_beat.store.beat import BeatStore
@@ -55,14 +56,14 @@ class OnDemand:
         self.settings = settings
         self.store = BeatStore(database, replica=f"cli:{socket.gethostname()}:{os.getpid()}")
         self.publisher = Publisher(app, write_timeout=settings.publish_timeout * 3)
-        # Each fence reads the database's clock: the dispatcher's bounds come from it.
-        mode = ClockMode.DATABASE if database.dialect == "postgresql" else ClockMode.LOCAL
+        # Each fence reads the database's clock: the dispatcher's bounds come from it,
+        # whatever voltro_beat_clock says.
         self.dispatch = Dispatcher(
             self.store,
             self.publisher,
             entries,
             settings.publish_timeout,
-            Clock(mode, local=lambda: database.clock()),
+            Clock(database.clock_mode(), local=lambda: database.clock()),
         )
 
     def publish(
@@ -82,9 +83,9 @@ class OnDemand:
         published: list[str] = []
         for start in range(0, len(instants), dispatch.CHUNK):
             chunk = instants[start : start + dispatch.CHUNK]
-            occurrences = [Occurrence.of(entry.name, entry.task, at, reason=reason) for at in chunk]
+            occurrences = [Occurrence.of(entry.name, at) for at in chunk]
             won = self.store.claim(
-                occurrences,
+                [Run(o, entry.task, reason=reason) for o in occurrences],
                 coordination=self.settings.coordination,
                 lease=self.settings.publish_timeout,
             )

@@ -10,7 +10,7 @@ functions decide through the gate, so replicas deciding at once still leave one 
   earlier run of the schedule is live (see :func:`next_to_promote`).
 
 A live run older than the schedule's overlap timeout (counted from when it started, else was
-published, else claimed: the occurrence's ``since``) no longer blocks anything: it is reported
+published, else claimed: the run's ``since``) no longer blocks anything: it is reported
 as stale so that the scheduler can say so in its row (reason ``overlap_timeout``).
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from voltro_beat.occurrences import Occurrence
+from voltro_beat.runs import Run
 from voltro_beat.status import Reason, Status
 
 
@@ -28,16 +28,16 @@ from voltro_beat.status import Reason, Status
 class View:
     """A schedule's live runs (unfinished occurrences) as one policy decision sees them."""
 
-    running: tuple[Occurrence, ...]
-    queued: tuple[Occurrence, ...]
+    running: tuple[Run, ...]
+    queued: tuple[Run, ...]
     #: Running rows past the overlap timeout: they block nothing any more.
-    stale: tuple[Occurrence, ...]
+    stale: tuple[Run, ...]
 
 
-def view(runs: Iterable[Occurrence], *, now: datetime, timeout: timedelta) -> View:
+def view(runs: Iterable[Run], *, now: datetime, timeout: timedelta) -> View:
     """Sort a schedule's live runs into running, queued and stale, oldest first."""
     running, queued, stale = [], [], []
-    for run in sorted(runs, key=lambda r: r.scheduled_at):
+    for run in sorted(runs, key=lambda r: r.occurrence.scheduled_at):
         if run.status == Status.QUEUED:
             queued.append(run)
         elif run.since is not None and now - run.since > timeout:
@@ -51,21 +51,21 @@ def decide(policy: str, at: datetime, live: View) -> tuple[Status, Reason | None
     """The first status of the occurrence at ``at``: ``claimed``, ``skipped`` or ``queued``."""
     if policy == "allow":
         return Status.CLAIMED, None
-    earlier_running = any(r.scheduled_at < at for r in live.running)
+    earlier_running = any(r.occurrence.scheduled_at < at for r in live.running)
     if policy == "skip":
         return (Status.SKIPPED, Reason.OVERLAP) if earlier_running else (Status.CLAIMED, None)
-    earlier_queued = any(r.scheduled_at < at for r in live.queued)
+    earlier_queued = any(r.occurrence.scheduled_at < at for r in live.queued)
     if earlier_running or earlier_queued:
         return Status.QUEUED, None
     return Status.CLAIMED, None
 
 
-def with_claimed(live: View, run: Occurrence) -> View:
+def with_claimed(live: View, run: Run) -> View:
     """``live`` after ``run`` was claimed in the same tick (it blocks what follows)."""
     return View((*live.running, run), live.queued, live.stale)
 
 
-def next_to_promote(live: View) -> Occurrence | None:
+def next_to_promote(live: View) -> Run | None:
     """The queued run to publish now: the oldest, once nothing of the schedule is running."""
     if live.running or not live.queued:
         return None

@@ -19,7 +19,7 @@ from celery import beat
 
 from voltro_beat import logs, retention
 from voltro_beat.beat_schedule import BeatSchedule, load_schedule
-from voltro_beat.clock import Clock, ClockMode
+from voltro_beat.clock import Clock
 from voltro_beat.config import Settings
 from voltro_beat.engine import CLOSE_WAIT, Engine, upkeep
 from voltro_beat.engine.guard import DEFAULT_OVERLAP_TIMEOUT
@@ -116,10 +116,7 @@ class VoltroScheduler(beat.Scheduler):
         entries = list(schedule.entries.values())
         policies = upkeep.policies(settings, entries)
         database = Database.open(settings.store_url)
-        if database.dialect == "postgresql":
-            clock = Clock(settings.clock or ClockMode.DATABASE)
-        else:  # one host: SQLite's clock is the local one
-            clock = Clock(ClockMode.LOCAL, local=lambda: database.clock())
+        clock = Clock(database.clock_mode(settings.clock), local=lambda: database.clock())
         store = BeatStore(database, replica=settings.replica)
         self._settings = settings
         self._schedule = schedule

@@ -152,7 +152,7 @@ def voltro_occurrences(voltro_app: Celery) -> Callable[..., list[Occurrence]]:
         while len(found) < n and at is not None:
             at = next_after(entry.spec, at)
             if at is not None:
-                found.append(Occurrence.of(entry.name, entry.task, at))
+                found.append(Occurrence.of(entry.name, at))
         return found
 
     return occurrences

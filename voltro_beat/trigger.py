@@ -29,6 +29,7 @@ from voltro_beat.config import Settings
 from voltro_beat.exceptions import NotExternal, NotPublished, TooFar
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.on_demand import OnDemand
+from voltro_beat.runs import Run
 from voltro_beat.store.database import Database
 
 logger = logging.getLogger(__name__)
@@ -85,10 +86,9 @@ class Trigger:
                     f"{name}: no occurrence within max_lateness ({entry.max_lateness}) at or "
                     f"before {at.isoformat()}"
                 )
-            occurrence = Occurrence.of(
-                entry.name, entry.task, scheduled, deadline=scheduled + entry.max_lateness
-            )
-            if not self.store.claim_external(occurrence, lease=self._lease):
+            occurrence = Occurrence.of(entry.name, scheduled)
+            run = Run(occurrence, entry.task, deadline=scheduled + entry.max_lateness)
+            if not self.store.claim_external(run, lease=self._lease):
                 logger.info(
                     "voltro_beat: %s claimed already: nothing published",
                     occurrence.key,
@@ -96,7 +96,7 @@ class Trigger:
                 )
                 return Fired(occurrence, published=False)
             fenced = self._on_demand.dispatch.fence([occurrence])
-            if not fenced.runs:
+            if not fenced.occurrences:
                 raise TooFar(f"{occurrence.key}: its deadline passed while it was being claimed")
             # An early arrival (see catchup.last_due) waits for the instant on the database's
             # clock: never published before it.

@@ -16,6 +16,7 @@ from click.testing import CliRunner, Result
 
 from voltro_beat.cli import main
 from voltro_beat.occurrences import Occurrence
+from voltro_beat.runs import Run
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database
 from voltro_beat.store.tables import RUNS
@@ -114,13 +115,13 @@ def test_no_claim_older_than_a_swept_run_goes_in(
     store = BeatStore(database, replica="late")
     now = datetime.now(UTC)
     old, young = now - timedelta(hours=3), now - timedelta(hours=1)
-    first = Occurrence.of("s", "t", old)
+    first = Run(Occurrence.of("s", old), "t")
     assert store.claim_external(first, lease=timedelta(seconds=10))
     assert store.delete_expired(RUNS, "scheduled_at", now - timedelta(hours=2)) == 1
-    older = Occurrence.of("s", "t", old - timedelta(minutes=1))
+    older = Run(Occurrence.of("s", old - timedelta(minutes=1)), "t")
     assert not store.claim_external(
-        Occurrence.of("s", "t", old, reason="backfill"), lease=timedelta(seconds=10)
+        Run(Occurrence.of("s", old), "t", reason="backfill"), lease=timedelta(seconds=10)
     )
     assert not store.claim_external(older, lease=timedelta(seconds=10))
-    assert store.claim_external(Occurrence.of("s", "t", young), lease=timedelta(seconds=10))
+    assert store.claim_external(Run(Occurrence.of("s", young), "t"), lease=timedelta(seconds=10))
     database.dispose()

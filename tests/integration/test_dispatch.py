@@ -23,12 +23,13 @@ from celery import Celery
 from celery.apps.beat import Beat
 from kombu import Connection, Queue
 
-from voltro_beat.clock import Clock, ClockMode
+from voltro_beat.clock import Clock
 from voltro_beat.coordination import Coordination
 from voltro_beat.dispatch import Dispatcher
 from voltro_beat.exceptions import StoreError
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.publisher import Publisher
+from voltro_beat.runs import Run
 from voltro_beat.schedules import parse_entries
 from voltro_beat.store import reads
 from voltro_beat.store.beat import BeatStore
@@ -74,8 +75,7 @@ def dispatcher(store: BeatStore, app: Celery, queues: dict[str, str] | None = No
         tz="UTC",
         max_lateness=timedelta(hours=1),
     )
-    postgres = store.database.dialect == "postgresql"
-    clock = Clock(ClockMode.DATABASE if postgres else ClockMode.LOCAL)
+    clock = Clock(store.database.clock_mode())
     publisher = Publisher(app, write_timeout=LEASE * 3)
     return Dispatcher(store, publisher, {e.name: e for e in entries}, LEASE, clock)
 
@@ -83,9 +83,10 @@ def dispatcher(store: BeatStore, app: Celery, queues: dict[str, str] | None = No
 def claimed_now(store: BeatStore) -> list[Occurrence]:
     """One occurrence of each schedule at the current second, claimed by ``store``."""
     at = datetime.now(UTC).replace(microsecond=0)
-    runs = [Occurrence.of(n, "proj.work", at, deadline=at + timedelta(hours=1)) for n in NAMES]
-    assert store.claim(runs, coordination=LOCK, lease=LEASE) == {o.key for o in runs}
-    return runs
+    occurrences = [Occurrence.of(n, at) for n in NAMES]
+    runs = [Run(o, "proj.work", deadline=at + timedelta(hours=1)) for o in occurrences]
+    assert store.claim(runs, coordination=LOCK, lease=LEASE) == {o.key for o in occurrences}
+    return occurrences
 
 
 def row(store: BeatStore, key: str) -> dict[str, Any]:
@@ -272,10 +273,11 @@ def test_a_run_refused_until_its_deadline_is_missed_with_the_reason(
 ) -> None:
     holder = stores("holder")
     at = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=5)
-    run = Occurrence.of("a", "proj.work", at, deadline=at + timedelta(seconds=5.5))
-    assert holder.claim([run], coordination=LOCK, lease=LEASE) == {run.key}
+    run = Occurrence.of("a", at)
+    claim = Run(run, "proj.work", deadline=at + timedelta(seconds=5.5))
+    assert holder.claim([claim], coordination=LOCK, lease=LEASE) == {run.key}
     holder.refuse([run.key], reason="refused by the broker (basic.nack)")
     time.sleep(0.6)  # past the deadline
     (missed,) = holder.expire(known=set(NAMES), limit=10)
-    assert (missed.key, missed.reason) == (run.key, "broker_refused")
+    assert (missed.occurrence.key, missed.reason) == (run.key, "broker_refused")
     assert row(holder, run.key)["error"] == "refused by the broker (basic.nack)"

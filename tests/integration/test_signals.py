@@ -31,6 +31,7 @@ from voltro_beat import signals as ledger_signals
 from voltro_beat.coordination import Coordination
 from voltro_beat.ledger import Event, RunState
 from voltro_beat.occurrences import Occurrence, task_id_for
+from voltro_beat.runs import Run
 from voltro_beat.status import ON_WORKER, Reason, Status
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database
@@ -108,8 +109,8 @@ class Ledger:
         published = Published(
             key, schedule, task, task_id_for(key), (schedule,) if args is None else args
         )
-        occurrence = Occurrence(key, schedule, task, published.task_id, SCHEDULED_AT)
-        won = self.store.claim([occurrence], coordination=Coordination.ADVISORY_LOCK, lease=LEASE)
+        run = Run(Occurrence(schedule, SCHEDULED_AT, key, published.task_id), task)
+        won = self.store.claim([run], coordination=Coordination.ADVISORY_LOCK, lease=LEASE)
         assert won == {key}
         self.send(published, queue=queue, headers=headers, **options)
         self.store.mark_published([key])
@@ -348,10 +349,8 @@ def test_a_run_recorded_missed_that_then_executed_says_it_ran(ledger: Ledger, la
     schedule = f"missed-then-ran-{RUN}"
     key = f"{schedule}@{SCHEDULED_AT:%Y-%m-%dT%H:%M:%S}"
     p = Published(key, schedule, "ledger.ok", task_id_for(key), (schedule,))
-    occurrence = Occurrence(key, schedule, p.task, p.task_id, SCHEDULED_AT)
-    assert ledger.store.claim(
-        [occurrence], coordination=Coordination.ADVISORY_LOCK, lease=LEASE
-    ) == {key}
+    run = Run(Occurrence(schedule, SCHEDULED_AT, key, p.task_id), p.task)
+    assert ledger.store.claim([run], coordination=Coordination.ADVISORY_LOCK, lease=LEASE) == {key}
     ledger.store.mark_missed([key], reason=Reason.LATE, waiting=Status.CLAIMED)
     assert ledger.row(key)["status"] == "missed"
     ledger.send(p, queue=lane.queue)
@@ -570,7 +569,7 @@ def test_ledger_connection_killed_by_the_server_is_replaced(postgres_url: str) -
     writer = RunWriter(Database.open(postgres_url))
     key = f"reconnect-{RUN}@{SCHEDULED_AT:%Y-%m-%dT%H:%M:%S}"
     store.claim(
-        [Occurrence(key, "reconnect", "t", task_id_for(key), SCHEDULED_AT)],
+        [Run(Occurrence("reconnect", SCHEDULED_AT, key, task_id_for(key)), "t")],
         coordination=Coordination.ADVISORY_LOCK,
         lease=LEASE,
     )

@@ -17,6 +17,7 @@ from voltro_beat import retention
 from voltro_beat.coordination import Coordination
 from voltro_beat.exceptions import ConfigurationError, NaiveDatetimeError, StoreError
 from voltro_beat.occurrences import Occurrence
+from voltro_beat.runs import Run
 from voltro_beat.status import Reason, Status
 from voltro_beat.store import beat as beat_module
 from voltro_beat.store import postgresql, reads
@@ -31,12 +32,15 @@ LEASE = timedelta(seconds=10)
 SHORT = timedelta(milliseconds=400)
 
 
-def occ(n: int, schedule: str = "s", **fields: object) -> Occurrence:
+def occurrence(n: int, schedule: str = "s") -> Occurrence:
     at = T0 + timedelta(seconds=n)
     key = f"{schedule}@{at:%Y-%m-%dT%H:%M:%S}"
-    return Occurrence(
-        key=key, schedule=schedule, task="t", task_id=f"id-{key}", scheduled_at=at, **fields
-    )  # type: ignore[arg-type]
+    return Occurrence(schedule, at, key, f"id-{key}")
+
+
+def occ(n: int, schedule: str = "s", **fields: object) -> Run:
+    """The run of ``occurrence(n, schedule)`` to record (claimed unless ``fields`` say)."""
+    return Run(occurrence(n, schedule), "t", **fields)  # type: ignore[arg-type]
 
 
 def open_store(url: str, replica: str) -> BeatStore:
@@ -82,7 +86,7 @@ def test_schema_matches_the_table_definitions(stores: Callable[[str], BeatStore]
 def test_claim_once_across_replicas(stores: Callable[[str], BeatStore]) -> None:
     a, b = stores("a"), stores("b")
     batch = [occ(n) for n in range(5)]
-    assert a.claim(batch, coordination=LOCK, lease=LEASE) == {o.key for o in batch}
+    assert a.claim(batch, coordination=LOCK, lease=LEASE) == {r.occurrence.key for r in batch}
     assert b.claim(batch, coordination=LOCK, lease=LEASE) == set()
     rows = recent(a)
     assert {r["replica"] for r in rows} == {"a"}
@@ -95,7 +99,7 @@ def test_run_row_fences_after_claims_are_pruned(stores: Callable[[str], BeatStor
     a.delete_expired(CLAIMS, "claimed_at", datetime.now(UTC) + timedelta(days=1))
     # The claim goes in again (it was pruned), but the run row insert conflicts.
     assert b.claim([occ(0)], coordination=LOCK, lease=LEASE) == set()
-    assert status(a, occ(0).key) == ("claimed", None)
+    assert status(a, occurrence(0).key) == ("claimed", None)
 
 
 def test_winner_prunes_its_schedules_older_claims(stores: Callable[[str], BeatStore]) -> None:
@@ -106,21 +110,24 @@ def test_winner_prunes_its_schedules_older_claims(stores: Callable[[str], BeatSt
     with store.database.engine.connect() as conn:
         left = conn.execute(sa.text("SELECT id FROM _voltro_schedule_claims ORDER BY id")).scalars()
         assert sorted(left) == sorted(
-            [occ(n).key for n in range(5, 10)] + [occ(100).key, occ(0, schedule="other").key]
+            [occurrence(n).key for n in range(5, 10)]
+            + [occurrence(100).key, occurrence(0, schedule="other").key]
         )
 
 
 def test_missed_and_skipped_rows_go_through_the_gate(stores: Callable[[str], BeatStore]) -> None:
     a, b = stores("a"), stores("b")
     missed = occ(1, status=Status.MISSED, reason=Reason.LATE)
-    assert a.claim([missed], coordination=LOCK, lease=LEASE) == {missed.key}
+    assert a.claim([missed], coordination=LOCK, lease=LEASE) == {missed.occurrence.key}
     assert b.claim([missed], coordination=LOCK, lease=LEASE) == set()
-    assert status(a, missed.key) == ("missed", "late")
+    assert status(a, missed.occurrence.key) == ("missed", "late")
 
 
 def test_single_coordination_writes_runs_only(stores: Callable[[str], BeatStore]) -> None:
     store = stores()
-    assert store.claim([occ(0)], coordination=Coordination.SINGLE, lease=LEASE) == {occ(0).key}
+    assert store.claim([occ(0)], coordination=Coordination.SINGLE, lease=LEASE) == {
+        occurrence(0).key
+    }
     assert store.claim([occ(0)], coordination=Coordination.SINGLE, lease=LEASE) == set()
     with store.database.engine.connect() as conn:
         claims = conn.execute(sa.text("SELECT count(*) FROM _voltro_schedule_claims")).scalar()
@@ -143,7 +150,7 @@ def test_concurrent_claims_have_exactly_one_winner(stores: Callable[[str], BeatS
     for t in threads:
         t.join()
     assert sum(len(w) for w in wins.values()) == len(batch)
-    assert set().union(*wins.values()) == {o.key for o in batch}
+    assert set().union(*wins.values()) == {r.occurrence.key for r in batch}
 
 
 def test_concurrent_upgrades_do_not_race(url: str) -> None:
@@ -176,15 +183,15 @@ def test_mark_then_settle_keeps_a_status_the_worker_already_moved(
     with store.database.engine.begin() as conn:
         conn.execute(
             sa.text("UPDATE _voltro_schedule_runs SET status = 'started' WHERE id = :k"),
-            {"k": occ(1).key},
+            {"k": occurrence(1).key},
         )
-    assert store.mark_published([occ(0).key, occ(1).key]) == set()
+    assert store.mark_published([occurrence(0).key, occurrence(1).key]) == set()
     # The mark stamps the publish time and ends the lease; the status waits for the settle.
-    assert status(store, occ(0).key)[0] == "claimed"
+    assert status(store, occurrence(0).key)[0] == "claimed"
     assert all(r["published_at"] is not None and r["lease_until"] is None for r in recent(store))
-    store.settle([occ(0).key, occ(1).key])
-    assert status(store, occ(0).key)[0] == "published"
-    assert status(store, occ(1).key)[0] == "started"
+    store.settle([occurrence(0).key, occurrence(1).key])
+    assert status(store, occurrence(0).key)[0] == "published"
+    assert status(store, occurrence(1).key)[0] == "started"
 
 
 def test_a_marked_run_is_never_taken_over_nor_missed_and_is_settled_once_abandoned(
@@ -197,28 +204,28 @@ def test_a_marked_run_is_never_taken_over_nor_missed_and_is_settled_once_abandon
     past = datetime.now(UTC) - timedelta(seconds=1)
     sent, unsent = occ(0, deadline=past), occ(1, deadline=past)
     a.claim([sent, unsent], coordination=LOCK, lease=SHORT)
-    a.mark_published([sent.key])
+    a.mark_published([sent.occurrence.key])
     time.sleep(SHORT.total_seconds() * 1.5)  # every lease and deadline has run out
     assert b.settle_abandoned(after=LEASE) == 0  # marked too recently
-    assert [o.key for o in b.expire(known={"s"}, limit=10)] == [unsent.key]
+    assert [r.occurrence.key for r in b.expire(known={"s"}, limit=10)] == [unsent.occurrence.key]
     assert b.take_over(schedules={"s"}, hold=LEASE, limit=10) == []
-    assert status(b, sent.key)[0] == "claimed"
+    assert status(b, sent.occurrence.key)[0] == "claimed"
     assert b.settle_abandoned(after=timedelta(0)) == 1
-    assert status(b, sent.key)[0] == "published"
+    assert status(b, sent.occurrence.key)[0] == "published"
 
 
 def test_a_lease_is_taken_over_only_once_it_ran_out(stores: Callable[[str], BeatStore]) -> None:
     a, b = stores("a"), stores("b")
     a.claim([occ(0), occ(1)], coordination=LOCK, lease=SHORT)
-    a.mark_published([occ(1).key])
+    a.mark_published([occurrence(1).key])
     assert b.take_over(schedules={"s"}, hold=LEASE, limit=10) == []
     time.sleep(SHORT.total_seconds() * 1.5)
     assert a.any_lapsed()
     taken = b.take_over(schedules={"s"}, hold=LEASE, limit=10)
-    assert [(o.key, o.task_id) for o in taken] == [(occ(0).key, occ(0).task_id)]
+    assert [(o.key, o.task_id) for o in taken] == [(occurrence(0).key, occurrence(0).task_id)]
     assert a.take_over(schedules={"s"}, hold=LEASE, limit=10) == []
-    assert a.fence([occ(0).key], hold=LEASE).keys == set()  # not a's any more
-    assert b.fence([occ(0).key], hold=LEASE).keys == {occ(0).key}
+    assert a.fence([occurrence(0).key], hold=LEASE).keys == set()  # not a's any more
+    assert b.fence([occurrence(0).key], hold=LEASE).keys == {occurrence(0).key}
     assert not a.any_lapsed()
 
 
@@ -234,9 +241,9 @@ def test_the_fence_refuses_a_lapsed_lease(stores: Callable[[str], BeatStore]) ->
     """A replica paused past its lease cannot publish, even before anyone took over."""
     a = stores("a")
     a.claim([occ(0), occ(1)], coordination=LOCK, lease=SHORT)
-    assert a.fence([occ(0).key], hold=LEASE).keys == {occ(0).key}  # renewed for 10 s
+    assert a.fence([occurrence(0).key], hold=LEASE).keys == {occurrence(0).key}  # renewed for 10 s
     time.sleep(SHORT.total_seconds() * 1.5)
-    assert a.fence([occ(0).key, occ(1).key], hold=LEASE).keys == {occ(0).key}
+    assert a.fence([occurrence(0).key, occurrence(1).key], hold=LEASE).keys == {occurrence(0).key}
 
 
 def test_the_fence_refuses_a_run_past_its_deadline(stores: Callable[[str], BeatStore]) -> None:
@@ -245,7 +252,9 @@ def test_the_fence_refuses_a_run_past_its_deadline(stores: Callable[[str], BeatS
     late = occ(0, deadline=now - timedelta(seconds=1))
     due = occ(1, deadline=now + timedelta(hours=1))
     a.claim([late, due], coordination=LOCK, lease=LEASE)
-    assert a.fence([late.key, due.key], hold=LEASE).keys == {due.key}
+    assert a.fence([late.occurrence.key, due.occurrence.key], hold=LEASE).keys == {
+        due.occurrence.key
+    }
 
 
 def test_fence_and_take_over_never_both_win_a_run(stores: Callable[[str], BeatStore]) -> None:
@@ -254,7 +263,7 @@ def test_fence_and_take_over_never_both_win_a_run(stores: Callable[[str], BeatSt
     holder, thief = stores("holder"), stores("thief")
     batch = [occ(n) for n in range(200)]
     holder.claim(batch, coordination=LOCK, lease=timedelta(milliseconds=300))
-    keys = [o.key for o in batch]
+    keys = [r.occurrence.key for r in batch]
     fenced: set[str] = set()
     taken: set[str] = set()
     barrier = threading.Barrier(2)
@@ -280,7 +289,7 @@ def test_fence_and_take_over_never_both_win_a_run(stores: Callable[[str], BeatSt
     for thread in threads:
         thread.join()
     assert not fenced & taken
-    assert fenced | taken <= {o.key for o in batch}
+    assert fenced | taken <= {r.occurrence.key for r in batch}
 
 
 def test_expire_records_missed_with_the_reason(stores: Callable[[str], BeatStore]) -> None:
@@ -292,11 +301,11 @@ def test_expire_records_missed_with_the_reason(stores: Callable[[str], BeatStore
     assert b.expire(known={"s"}, limit=10) == []  # leases still running
     time.sleep(SHORT.total_seconds() * 1.5)
     expired = b.expire(known={"s"}, limit=10)
-    assert {(o.key, o.reason) for o in expired} == {
-        (gone.key, "unknown_schedule"),
-        (failed.key, "publish_failed"),
+    assert {(r.occurrence.key, r.reason) for r in expired} == {
+        (gone.occurrence.key, "unknown_schedule"),
+        (failed.occurrence.key, "publish_failed"),
     }
-    assert status(a, gone.key) == ("missed", "unknown_schedule")
+    assert status(a, gone.occurrence.key) == ("missed", "unknown_schedule")
     assert b.take_over(schedules={"s", "renamed"}, hold=LEASE, limit=10) == []
 
 
@@ -307,7 +316,10 @@ def test_mark_published_names_the_runs_another_replica_holds(
     a.claim([occ(0), occ(1)], coordination=LOCK, lease=SHORT)
     time.sleep(SHORT.total_seconds() * 1.5)
     b.take_over(schedules={"s"}, hold=LEASE, limit=10)
-    assert a.mark_published([occ(0).key, occ(1).key]) == {occ(0).key, occ(1).key}
+    assert a.mark_published([occurrence(0).key, occurrence(1).key]) == {
+        occurrence(0).key,
+        occurrence(1).key,
+    }
 
 
 def test_database_time_is_the_store_clock(stores: Callable[[str], BeatStore]) -> None:
@@ -408,9 +420,7 @@ def test_memory_store_is_refused_with_the_alternatives() -> None:
 
 def test_naive_datetimes_are_refused() -> None:
     with pytest.raises(ValueError, match="aware"):
-        Occurrence(
-            key="s@x", schedule="s", task="t", task_id="i", scheduled_at=datetime(2026, 1, 1)
-        )
+        Occurrence(schedule="s", scheduled_at=datetime(2026, 1, 1), key="s@x", task_id="i")
 
 
 def test_a_naive_datetime_is_refused_on_its_way_into_the_database() -> None:
@@ -471,7 +481,7 @@ def test_retention_deletes_200000_rows_in_short_transactions(
         " INSERT INTO _voltro_schedule_runs (id, schedule, task, task_id, scheduled_at,"
         " coordination_outcome, status) SELECT 's@' || i, 's', 't', 'id' || i,"
         " '2000-01-01 00:00:00.000000', 'won_lock', 'succeeded' FROM n",
-    }[store.database.dialect]
+    }[store.database.dialect.name]
     with store.database.engine.begin() as conn:
         conn.execute(sa.text(fill), {"rows": ROWS})
     store.claim([occ(0, status=Status.QUEUED)], coordination=LOCK, lease=LEASE)
@@ -509,11 +519,13 @@ def test_operator_reads(stores: Callable[[str], BeatStore]) -> None:
     a.claim([occ(n) for n in range(4)], coordination=LOCK, lease=LEASE)
     b.claim([occ(n) for n in range(4, 6)], coordination=LOCK, lease=LEASE)
     a.claim([occ(6, status=Status.MISSED, reason=Reason.LATE)], coordination=LOCK, lease=LEASE)
-    a.mark_published([occ(n).key for n in range(3)])
-    a.settle([occ(n).key for n in range(3)])
+    a.mark_published([occurrence(n).key for n in range(3)])
+    a.settle([occurrence(n).key for n in range(3)])
     with a.database.connect() as conn, conn.begin():
         conn.execute(
-            sa.update(runs).where(runs.c.id == occ(0).key).values(status=Status.SUCCEEDED.value)
+            sa.update(runs)
+            .where(runs.c.id == occurrence(0).key)
+            .values(status=Status.SUCCEEDED.value)
         )
     db = a.database
 
@@ -527,11 +539,11 @@ def test_operator_reads(stores: Callable[[str], BeatStore]) -> None:
     window = reads.recorded_keys(
         db, "s", since=T0 + timedelta(seconds=1), until=T0 + timedelta(seconds=3)
     )
-    assert window == {occ(1).key, occ(2).key}
+    assert window == {occurrence(1).key, occurrence(2).key}
     between = reads.recent_runs(
         db, since=T0 + timedelta(seconds=2), until=T0 + timedelta(seconds=4)
     )
-    assert [r["id"] for r in between] == [occ(3).key, occ(2).key]
+    assert [r["id"] for r in between] == [occurrence(3).key, occurrence(2).key]
 
     newest, per_replica = reads.recent_claims(db, limit=2)
     assert len(newest) == 2 and per_replica == {"a": 5, "b": 2}
@@ -539,8 +551,8 @@ def test_operator_reads(stores: Callable[[str], BeatStore]) -> None:
     # An operator's backfill is late on purpose: not in beat's publish lag.
     backfilled = occ(0, schedule="bf", reason=Reason.BACKFILL)
     b.claim([backfilled], coordination=LOCK, lease=LEASE)
-    b.mark_published([backfilled.key])
-    b.settle([backfilled.key])
+    b.mark_published([backfilled.occurrence.key])
+    b.settle([backfilled.occurrence.key])
     (bf,) = reads.summaries(db, ["bf"], now=T0).values()
     assert bf.tally.statuses == {"published": 1} and bf.lags == []
 
@@ -548,7 +560,7 @@ def test_operator_reads(stores: Callable[[str], BeatStore]) -> None:
     check = reads.check_schema(db)
     assert check.ok and check.current == check.head
 
-    if db.dialect == "postgresql":
+    if db.dialect.name == "postgresql":
         with db.connect(autocommit=True) as conn:
             conn.exec_driver_sql(f"ANALYZE {runs.name}")
     assert a.row_estimates()[runs.name] == 8
@@ -574,7 +586,7 @@ def test_fence_renewal_and_mark_update_rows_in_place(pg_url: str) -> None:
     store.database.upgrade()
     batch = [occ(n) for n in range(600)]
     store.claim(batch, coordination=LOCK, lease=LEASE)
-    keys = [o.key for o in batch]
+    keys = [r.occurrence.key for r in batch]
     seen = {"updated": 0, "in place": 0}
     stats = (
         "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables"

@@ -23,7 +23,8 @@ import greenlet
 from tests.sim.observer import Observer
 from tests.sim.world import Condition, Killed, Process, World
 from voltro_beat.store.beat import BeatStore
-from voltro_beat.store.database import SQLITE_BUSY_MS, Database
+from voltro_beat.store.database import Database
+from voltro_beat.store.sqlite import SQLITE_BUSY_MS
 
 
 @dataclass

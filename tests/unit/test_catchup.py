@@ -30,7 +30,7 @@ def at(seconds: int) -> datetime:
 
 
 def fates(made: Plan) -> list[tuple[datetime, str, str | None]]:
-    return [(f.scheduled_at, f.status, f.reason) for f in made.occurrences]
+    return [(f.occurrence.scheduled_at, f.status, f.reason) for f in made.runs]
 
 
 def test_no_history_starts_from_now() -> None:
@@ -48,14 +48,14 @@ def test_latest_publishes_the_newest_and_records_the_rest_missed() -> None:
 
 
 def test_skip_records_everything_missed() -> None:
-    fills = plan(entry(catch_up="skip"), at(20), NOW, on_time=ZERO).occurrences
+    fills = plan(entry(catch_up="skip"), at(20), NOW, on_time=ZERO).runs
     assert [f.status for f in fills] == ["missed"] * 4
     assert {f.reason for f in fills} == {"catch_up"}
 
 
 def test_all_publishes_each_one() -> None:
-    fills = plan(entry(catch_up="all"), at(20), NOW, on_time=ZERO).occurrences
-    assert [(f.scheduled_at, f.status) for f in fills] == [
+    fills = plan(entry(catch_up="all"), at(20), NOW, on_time=ZERO).runs
+    assert [(f.occurrence.scheduled_at, f.status) for f in fills] == [
         (at(15), "claimed"),
         (at(10), "claimed"),
         (at(5), "claimed"),
@@ -65,8 +65,8 @@ def test_all_publishes_each_one() -> None:
 
 @pytest.mark.parametrize("policy", ["latest", "skip", "all"])
 def test_only_occurrences_within_max_lateness(policy: str) -> None:
-    fills = plan(entry(catch_up=policy, max_lateness=12), at(60), NOW, on_time=ZERO).occurrences
-    assert [f.scheduled_at for f in fills] == [at(10), at(5), NOW]
+    fills = plan(entry(catch_up=policy, max_lateness=12), at(60), NOW, on_time=ZERO).runs
+    assert [f.occurrence.scheduled_at for f in fills] == [at(10), at(5), NOW]
 
 
 @pytest.mark.parametrize("policy", ["latest", "skip"])
@@ -87,10 +87,10 @@ def test_nothing_new_since_the_last_run() -> None:
 
 
 def test_a_fast_schedule_keeps_only_the_newest_rows() -> None:
-    fills = plan(entry(1.0, catch_up="skip"), at(86_000), NOW, on_time=ZERO).occurrences
+    fills = plan(entry(1.0, catch_up="skip"), at(86_000), NOW, on_time=ZERO).runs
     assert len(fills) == MAX_BACKFILL
-    assert fills[-1].scheduled_at == NOW
-    assert fills[0].scheduled_at == at(MAX_BACKFILL - 1)
+    assert fills[-1].occurrence.scheduled_at == NOW
+    assert fills[0].occurrence.scheduled_at == at(MAX_BACKFILL - 1)
 
 
 # --- irregular schedules: the walk covers the whole window (issue 9, hole 5) -------------------
@@ -102,7 +102,7 @@ def test_an_irregular_cron_is_walked_back_to_max_lateness() -> None:
     now = datetime(2026, 3, 2, 8, 30, tzinfo=UTC)
     last = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
     made = plan(entry("0-4 9 * * *", catch_up="skip"), last, now, on_time=ZERO)
-    assert [o.scheduled_at for o in made.occurrences] == [
+    assert [r.occurrence.scheduled_at for r in made.runs] == [
         datetime(2026, 3, 1, 9, minute, tzinfo=UTC) for minute in range(5)
     ]
     assert made.unrecorded_until is None
@@ -111,7 +111,7 @@ def test_an_irregular_cron_is_walked_back_to_max_lateness() -> None:
 def test_minutes_one_and_two_of_every_hour_all_come_back() -> None:
     now = datetime(2026, 3, 2, 0, 0, tzinfo=UTC)
     made = plan(entry("1,2 * * * *", catch_up="skip"), now - timedelta(days=1), now, on_time=ZERO)
-    assert len(made.occurrences) == 48
+    assert len(made.runs) == 48
 
 
 CRON_FIELD = st.one_of(
@@ -154,7 +154,7 @@ def test_every_occurrence_inside_max_lateness_is_recorded_once(
     made = plan(e, last, now, on_time=on_time)
     window_start = max(last + timedelta(microseconds=1), now - e.max_lateness)
     expected = list(occurrences_between(e.spec, window_start, now + timedelta(microseconds=1)))
-    got = [o.scheduled_at for o in made.occurrences]
+    got = [r.occurrence.scheduled_at for r in made.runs]
     assert len(got) == len(set(got))
     if made.unrecorded_until is None:
         assert got == expected
@@ -162,13 +162,13 @@ def test_every_occurrence_inside_max_lateness_is_recorded_once(
         assert len(got) == MAX_BACKFILL
         assert got == expected[-MAX_BACKFILL:]
         assert made.unrecorded_until == expected[-MAX_BACKFILL - 1]
-    published = [o.scheduled_at for o in made.occurrences if o.status == "claimed"]
+    published = [r.occurrence.scheduled_at for r in made.runs if r.status == "claimed"]
     recent = [at for at in got if at > now - on_time]
     assert set(recent) <= set(published)
     assert published == got[len(got) - len(published) :]  # the newest ones
     expected_sent = {"all": len(got), "latest": min(len(got), max(1, len(recent))), "skip": 0}
     assert len(published) == max(len(recent), expected_sent[policy])
-    assert all(o.reason == "catch_up" for o in made.occurrences if o.status == "missed")
+    assert all(r.reason == "catch_up" for r in made.runs if r.status == "missed")
 
 
 # --- the occurrence an external trigger's arrival stands for ------------------------------

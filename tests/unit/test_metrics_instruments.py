@@ -10,15 +10,18 @@ from voltro_beat.config import Settings
 from voltro_beat.exceptions import ConfigurationError
 from voltro_beat.metrics import Metrics
 from voltro_beat.occurrences import Occurrence
+from voltro_beat.runs import Run
 from voltro_beat.status import Reason, Status
 
 AT = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
 
-def occ(
-    name: str, second: int, status: Status = Status.CLAIMED, reason: str | None = None
-) -> Occurrence:
-    return Occurrence.of(name, "t", AT + timedelta(seconds=second), status, reason)
+def occ(name: str, second: int) -> Occurrence:
+    return Occurrence.of(name, AT + timedelta(seconds=second))
+
+
+def run(name: str, second: int, status: Status = Status.CLAIMED, reason: str | None = None) -> Run:
+    return Run(occ(name, second), "t", status, reason)
 
 
 def value(metrics: Metrics, name: str, **labels: str) -> float | None:
@@ -28,7 +31,7 @@ def value(metrics: Metrics, name: str, **labels: str) -> float | None:
 
 def test_off_by_default_every_report_is_a_no_op() -> None:
     metrics = Metrics()
-    metrics.recorded([occ("a", 0)], {"a@2026-01-01T12:00:00"})
+    metrics.recorded([run("a", 0)], {"a@2026-01-01T12:00:00"})
     metrics.published([occ("a", 0)], AT)
     with metrics.claim_statement():
         pass
@@ -39,10 +42,10 @@ def test_off_by_default_every_report_is_a_no_op() -> None:
 def test_claims_won_lost_and_missed_per_schedule() -> None:
     metrics = Metrics()
     metrics.enable()
-    batch = [occ("a", 0), occ("a", 1), occ("b", 0), occ("b", 1, Status.MISSED, Reason.LATE)]
-    won = {o.key for o in batch} - {batch[1].key}
+    batch = [run("a", 0), run("a", 1), run("b", 0), run("b", 1, Status.MISSED, Reason.LATE)]
+    won = {r.occurrence.key for r in batch} - {batch[1].occurrence.key}
     metrics.recorded(batch, won)
-    metrics.missed([occ("a", 5, Status.MISSED, Reason.PUBLISH_FAILED)])
+    metrics.missed([run("a", 5, Status.MISSED, Reason.PUBLISH_FAILED)])
     assert value(metrics, "voltro_beat_occurrences_claimed_total", schedule="a") == 1
     assert value(metrics, "voltro_beat_occurrences_lost_total", schedule="a") == 1
     assert value(metrics, "voltro_beat_occurrences_claimed_total", schedule="b") == 1

@@ -8,16 +8,17 @@ import pytest
 
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.overlap import decide, next_to_promote, view, with_claimed
+from voltro_beat.runs import Run
 from voltro_beat.status import Status
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 
 
-def run(n: int, status: str, since: int | None = None) -> Occurrence:
+def run(n: int, status: str, since: int | None = None) -> Run:
     at = T0 + timedelta(seconds=n)
     started = at if since is None else T0 + timedelta(seconds=since)
-    return Occurrence(f"s@{n}", "s", "t", f"id-{n}", at, Status(status), None, started)
+    return Run(Occurrence("s", at, f"s@{n}", f"id-{n}"), "t", Status(status), since=started)
 
 
 def at(n: int) -> datetime:

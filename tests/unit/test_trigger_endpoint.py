@@ -63,7 +63,7 @@ def request(
     return asyncio.run(call()), stand
 
 
-PUBLISHED = Fired(Occurrence.of("nightly", "proj.nightly", AT), published=True)
+PUBLISHED = Fired(Occurrence.of("nightly", AT), published=True)
 
 
 @pytest.mark.parametrize(

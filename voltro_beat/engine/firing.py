@@ -29,7 +29,7 @@ from voltro_beat.config import Settings
 from voltro_beat.dispatch import Dispatcher, Fenced
 from voltro_beat.engine import recovery
 from voltro_beat.engine.guard import Guard
-from voltro_beat.engine.recorder import Recorder, graces, occurrence
+from voltro_beat.engine.recorder import Recorder, graces, run_of
 from voltro_beat.engine.timeline import Pending, Timeline
 from voltro_beat.engine.upkeep import Health, Sweeper
 from voltro_beat.exceptions import StoreError
@@ -38,6 +38,7 @@ from voltro_beat.metrics import Metrics
 from voltro_beat.occurrences import Occurrence, next_after
 from voltro_beat.publisher import Publisher
 from voltro_beat.runner import Runner
+from voltro_beat.runs import Run
 from voltro_beat.schedules import Entry
 from voltro_beat.status import Reason, Status
 from voltro_beat.store.beat import BeatStore
@@ -231,10 +232,10 @@ class Engine:
         try:
             self._record(
                 [
-                    occurrence(p.entry, at, now, down)
+                    run_of(p.entry, at, now, down)
                     if p.entry.name not in yielded
-                    else Occurrence.of(
-                        p.entry.name, p.entry.task, at, Status.MISSED, Reason.YIELDED
+                    else Run(
+                        Occurrence.of(p.entry.name, at), p.entry.task, Status.MISSED, Reason.YIELDED
                     )
                     for p in due
                     for at in p.instants
@@ -249,8 +250,8 @@ class Engine:
                 if p.instants:
                     self.timeline.push(p)
 
-    def _record(self, occurrences: list[Occurrence], now: datetime) -> None:
-        for o in self.recorder.record(occurrences, now):
+    def _record(self, runs: list[Run], now: datetime) -> None:
+        for o in self.recorder.record(runs, now):
             heapq.heappush(self._ready, (o.scheduled_at, o.key, o))
 
     def _publish_ready(self) -> None:
@@ -350,7 +351,7 @@ class Engine:
                 self._publish_ready()
         except Exception as exc:  # a stopping beat must still stop
             logger.warning("voltro_beat: could not publish claimed runs at close: %s", exc)
-        left = len(self._ready) + sum(len(fenced.runs) for fenced in self._armed)
+        left = len(self._ready) + sum(len(fenced.occurrences) for fenced in self._armed)
         if left:
             logger.warning(
                 "voltro_beat: %d claimed runs left for another replica's recovery sweep",

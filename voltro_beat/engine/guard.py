@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from voltro_beat import overlap
 from voltro_beat.dispatch import Dispatcher
 from voltro_beat.metrics import Metrics
-from voltro_beat.occurrences import Occurrence
+from voltro_beat.runs import Run
 from voltro_beat.schedules import Entry
 from voltro_beat.status import Reason, Status
 from voltro_beat.store.beat import BeatStore
@@ -41,25 +41,29 @@ class Guard:
         self.queues = [name for name in timeouts if entries[name].on_overlap == "queue"]
         self._metrics = metrics
 
-    def apply(self, occurrences: list[Occurrence], now: datetime) -> list[Occurrence]:
-        """``occurrences`` with those of guarded schedules that have a live predecessor
-        turned ``skipped`` / ``queued``."""
-        guarded = sorted({o.schedule for o in occurrences if o.schedule in self.timeouts})
+    def apply(self, runs: list[Run], now: datetime) -> list[Run]:
+        """``runs`` with those of guarded schedules that have a live predecessor turned
+        ``skipped`` / ``queued``."""
+        guarded = sorted(
+            {r.occurrence.schedule for r in runs if r.occurrence.schedule in self.timeouts}
+        )
         if not guarded:
-            return occurrences
+            return runs
         views = self._live_views(guarded, now)
         decided = []
-        for o in sorted(occurrences, key=lambda o: o.scheduled_at):
-            entry = self._entries[o.schedule]
-            if entry.on_overlap == "allow" or o.status != Status.CLAIMED:
-                decided.append(o)
+        for run in sorted(runs, key=lambda r: r.occurrence.scheduled_at):
+            name = run.occurrence.schedule
+            entry = self._entries[name]
+            if entry.on_overlap == "allow" or run.status != Status.CLAIMED:
+                decided.append(run)
                 continue
-            status, reason = overlap.decide(entry.on_overlap, o.scheduled_at, views[o.schedule])
+            status, reason = overlap.decide(
+                entry.on_overlap, run.occurrence.scheduled_at, views[name]
+            )
             if status == Status.CLAIMED:
                 # Whatever of this schedule follows in the same tick waits behind this one.
-                run = replace(o, since=now)
-                views[o.schedule] = overlap.with_claimed(views[o.schedule], run)
-            decided.append(replace(o, status=status, reason=reason))
+                views[name] = overlap.with_claimed(views[name], replace(run, since=now))
+            decided.append(replace(run, status=status, reason=reason))
         return decided
 
     def promote(self, now: datetime, dispatch: Dispatcher, lease: timedelta) -> None:
@@ -71,23 +75,24 @@ class Guard:
             if run is None:
                 continue
             entry = self._entries[name]
-            if now - run.scheduled_at > entry.max_lateness:
-                self._store.mark_missed([run.key], reason=Reason.LATE, waiting=Status.QUEUED)
+            o = run.occurrence
+            if now - o.scheduled_at > entry.max_lateness:
+                self._store.mark_missed([o.key], reason=Reason.LATE, waiting=Status.QUEUED)
                 self._metrics.missed([replace(run, status=Status.MISSED, reason=Reason.LATE)])
-            elif self._store.promote(run.key, lease=lease):
-                dispatch.send([run])
+            elif self._store.promote(o.key, lease=lease):
+                dispatch.send([o])
 
     def _live_views(self, names: list[str], now: datetime) -> dict[str, overlap.View]:
         """Each schedule's live runs; stale ones are marked in their rows on the way."""
         since = now - max(self._live_window(n) for n in names)
-        live: dict[str, list[Occurrence]] = {name: [] for name in names}
+        live: dict[str, list[Run]] = {name: [] for name in names}
         for run in self._store.live_runs(names, since=since):
-            live[run.schedule].append(run)
+            live[run.occurrence.schedule].append(run)
         views = {
             name: overlap.view(runs, now=now, timeout=self.timeouts[name])
             for name, runs in live.items()
         }
-        stale = [run.key for v in views.values() for run in v.stale]
+        stale = [run.occurrence.key for v in views.values() for run in v.stale]
         if stale:
             self._store.note_overlap_timeout(stale)
         return views

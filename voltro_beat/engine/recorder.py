@@ -14,6 +14,7 @@ from voltro_beat.coordination import Coordination
 from voltro_beat.engine.guard import Guard
 from voltro_beat.metrics import Metrics
 from voltro_beat.occurrences import Occurrence
+from voltro_beat.runs import Run
 from voltro_beat.schedules import Entry, cadence
 from voltro_beat.status import Reason, Status
 from voltro_beat.store.beat import BeatStore
@@ -24,17 +25,18 @@ logger = logging.getLogger(__name__)
 BATCH = 100_000
 
 
-def occurrence(entry: Entry, at: datetime, now: datetime, down: datetime | None) -> Occurrence:
-    """The occurrence of ``entry`` at ``at`` to record ``now``: ``claimed`` until its
+def run_of(entry: Entry, at: datetime, now: datetime, down: datetime | None) -> Run:
+    """The run of ``entry``'s occurrence at ``at`` to record ``now``: ``claimed`` until its
     deadline, ``missed`` after it (guarantee 6), because the store was down since ``down``
     or late."""
+    occurrence = Occurrence.of(entry.name, at)
     deadline = at + entry.max_lateness
     if now <= deadline:
-        return Occurrence.of(entry.name, entry.task, at, deadline=deadline)
+        return Run(occurrence, entry.task, deadline=deadline)
     reason = (
         Reason.STORE_DOWN if down is not None and at >= down - entry.max_lateness else Reason.LATE
     )
-    return Occurrence.of(entry.name, entry.task, at, Status.MISSED, reason)
+    return Run(occurrence, entry.task, Status.MISSED, reason)
 
 
 class Recorder:
@@ -59,15 +61,15 @@ class Recorder:
         self._graces = graces
         self._metrics = metrics
 
-    def record(self, occurrences: list[Occurrence], now: datetime) -> list[Occurrence]:
-        """Send ``occurrences`` through the gate; return the ones won to publish."""
+    def record(self, runs: list[Run], now: datetime) -> list[Occurrence]:
+        """Send ``runs`` through the gate; return the occurrences won to publish."""
         # Sorted by key, every replica locks the keys in the same order: no deadlock between
         # claim statements.
-        occurrences = sorted(self._guard.apply(occurrences, now), key=lambda o: o.key)
+        runs = sorted(self._guard.apply(runs, now), key=lambda r: r.occurrence.key)
         won_claims: list[Occurrence] = []
         recorded: dict[tuple[str, str, str | None], list[datetime]] = collections.defaultdict(list)
-        for i in range(0, len(occurrences), BATCH):
-            batch = occurrences[i : i + BATCH]
+        for i in range(0, len(runs), BATCH):
+            batch = runs[i : i + BATCH]
             with self._metrics.claim_statement():
                 won = self._store.claim(
                     batch, coordination=self._coordination, lease=self._lease, prune=self._graces
@@ -80,33 +82,34 @@ class Recorder:
                     lost,
                     extra=logs.fields(count=lost),
                 )
-            for o in batch:
+            for run in batch:
+                o = run.occurrence
                 if o.key not in won:
                     continue
-                if o.status == Status.CLAIMED:
+                if run.status == Status.CLAIMED:
                     won_claims.append(o)
                 else:
                     logger.debug(
                         "voltro_beat: %s recorded %s (%s)",
                         o.key,
-                        o.status,
-                        o.reason,
+                        run.status,
+                        run.reason,
                         extra=logs.fields(
-                            key=o.key, schedule=o.schedule, status=o.status, reason=o.reason
+                            key=o.key, schedule=o.schedule, status=run.status, reason=run.reason
                         ),
                     )
-                    recorded[o.schedule, o.status, o.reason].append(o.scheduled_at)
+                    recorded[o.schedule, run.status, run.reason].append(o.scheduled_at)
         self._summarise(recorded)
         return won_claims
 
-    def catch_up(self, entries: Sequence[Entry], now: datetime) -> list[Occurrence]:
-        """At boot: the occurrences of ``entries`` since their last recorded one that their
-        ``catch_up`` policy asks to record (:mod:`voltro_beat.catchup`)."""
+    def catch_up(self, entries: Sequence[Entry], now: datetime) -> list[Run]:
+        """At boot: the runs of ``entries``' occurrences since their last recorded one that
+        their ``catch_up`` policy asks to record (:mod:`voltro_beat.catchup`)."""
         last = self._store.last_scheduled([e.name for e in entries])
-        backfill: list[Occurrence] = []
+        backfill: list[Run] = []
         for entry in entries:
             plan = catchup.plan(entry, last.get(entry.name), now, on_time=self._lease)
-            backfill += plan.occurrences
+            backfill += plan.runs
             if plan.unrecorded_until is not None:
                 logger.warning(
                     "voltro_beat: %s: occurrences at or before %s are beyond the catch-up cap "

@@ -46,8 +46,8 @@ def recover(
     while monotonic() - started < lease.total_seconds() / 2:
         expired = store.expire(known=membership.known, limit=dispatcher.chunk)
         metrics.missed(expired)
-        for reason in sorted({o.reason or "" for o in expired}):
-            count = sum(1 for o in expired if o.reason == reason)
+        for reason in sorted({r.reason or "" for r in expired}):
+            count = sum(1 for r in expired if r.reason == reason)
             logger.warning(
                 "voltro_beat: %d unpublished runs past their deadline recorded missed (%s)",
                 count,

@@ -2,9 +2,12 @@
 
 * :mod:`~voltro_beat.store.database`: one store URL (PostgreSQL through psycopg 3, or SQLite),
   its engine, its schema (Alembic, :mod:`~voltro_beat.store.migrations`) and error wrapping;
+* :mod:`~voltro_beat.store.dialect`: what differs between the two, behind one interface
+  implemented by :mod:`~voltro_beat.store.postgresql` (with the firing path's hand-written
+  statements) and :mod:`~voltro_beat.store.sqlite`; no other module compares dialects;
 * :mod:`~voltro_beat.store.tables`: the tables, as SQLAlchemy Core metadata;
-* :mod:`~voltro_beat.store.beat`: beat's side (claims, run rows, recovery, retention), with
-  :mod:`~voltro_beat.store.postgresql` for its hand-written PostgreSQL statements;
+* :mod:`~voltro_beat.store.beat`: beat's side (claims, run rows, recovery, retention);
+* :mod:`~voltro_beat.store.registry`: the replica registry;
 * :mod:`~voltro_beat.store.run_writer`: the worker's run ledger writes;
 * :mod:`~voltro_beat.store.reads`: what the operator's command reads.
 

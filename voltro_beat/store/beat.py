@@ -4,7 +4,8 @@ Every write of the firing path is one statement or one short transaction per bat
 driver error leaves here as :class:`~voltro_beat.exceptions.StoreError` (guarantee 5: the
 scheduler fails closed on it). Leases and deadlines are compared with the store's own clock
 as each statement runs (PostgreSQL's ``clock_timestamp()``, SQLite's process clock), never with
-an instant a replica computed earlier (guarantees 9 and 10).
+an instant a replica computed earlier (guarantees 9 and 10). What the dialects do differently,
+the database's :class:`~voltro_beat.store.dialect.Dialect` does.
 """
 
 from __future__ import annotations
@@ -15,32 +16,34 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from voltro_beat.clock import Reading
 from voltro_beat.coordination import Coordination, Outcome
 from voltro_beat.exceptions import ConfigurationError
 from voltro_beat.occurrences import Occurrence
+from voltro_beat.runs import Run
 from voltro_beat.status import KEPT_BY_RETENTION, Reason, Status
-from voltro_beat.store import postgresql
-from voltro_beat.store.database import SQLITE_CHUNK, Database, chunks, instant
-from voltro_beat.store.tables import LIVE, RUNS, claims, metadata, replicas, runs, watermarks
-
-#: SQLite's clock as the statement runs (see voltro_beat.store.database).
-_SQLITE_NOW: sa.ColumnElement[Any] = sa.func.voltro_now()
+from voltro_beat.store.database import Database
+from voltro_beat.store.dialect import SQLITE_CHUNK, chunks
+from voltro_beat.store.tables import (
+    LIVE,
+    RUNS,
+    claims,
+    instant,
+    metadata,
+    replicas,
+    runs,
+    watermarks,
+)
 
 #: Rows deleted per retention transaction: short enough that the claim path never waits long
 #: behind it (SQLite has one writer at a time).
 SWEEP_BATCH = 5_000
-#: Runs recorded ``published`` per statement of :meth:`BeatStore.settle`.
-SETTLE_BATCH = 1_000
 
 
 class Fence(NamedTuple):
-    """What the publish fence let through: the keys, the earliest lease it granted them (None
-    if none), and the database's clock as the statement read it (None on SQLite, whose clock is
-    the local one)."""
+    """What the publish fence let through: the keys, the earliest lease it granted them, and
+    the database's clock as the statement read it (both None if it let none through)."""
 
     keys: set[str]
     held_until: datetime | None
@@ -64,13 +67,13 @@ class BeatStore:
 
     def claim(
         self,
-        occurrences: Sequence[Occurrence],
+        runs: Sequence[Run],
         *,
         coordination: Coordination,
         lease: timedelta,
         prune: Mapping[str, timedelta] | None = None,
     ) -> set[str]:
-        """Record ``occurrences``; return the keys this replica won.
+        """Record ``runs``; return the keys of those this replica won.
 
         Under a coordination that claims, each key first goes through the claims table
         (guarantee 2); either way the run row's primary key is the last fence (guarantee 4).
@@ -79,149 +82,30 @@ class BeatStore:
         ``prune`` maps a schedule to how long its claims outlive a newer win: the winner
         deletes the older ones.
         """
-        return self._claim(
-            occurrences, coordination.claims, coordination.outcome, lease, prune or {}
-        )
+        return self._claim(runs, coordination.claims, coordination.outcome, lease, prune or {})
 
-    def claim_external(self, occurrence: Occurrence, *, lease: timedelta) -> bool:
-        """Record ``occurrence`` for an external trigger; True if this call won it.
+    def claim_external(self, run: Run, *, lease: timedelta) -> bool:
+        """Record ``run`` for an external trigger; True if this call won it.
 
         Always through the claims table, whatever the coordination: the duplicate comes from
         the platform that triggers (a CronJob may start twice), not from a second replica.
         The run row's outcome is ``external``.
         """
-        return bool(self._claim([occurrence], True, Outcome.EXTERNAL, lease, {}))
+        return bool(self._claim([run], True, Outcome.EXTERNAL, lease, {}))
 
     def _claim(
         self,
-        occurrences: Sequence[Occurrence],
+        runs: Sequence[Run],
         gated: bool,
         outcome: Outcome,
         lease: timedelta,
         prune: Mapping[str, timedelta],
     ) -> set[str]:
-        if not occurrences:
+        if not runs:
             return set()
-        if self.database.dialect == "postgresql":
-            return self._claim_postgresql(occurrences, gated, outcome, lease, prune)
-        return self._claim_sqlite(occurrences, gated, outcome, lease, prune)
-
-    def _claim_postgresql(
-        self,
-        occurrences: Sequence[Occurrence],
-        gated: bool,
-        outcome: Outcome,
-        lease: timedelta,
-        prune: Mapping[str, timedelta],
-    ) -> set[str]:
-        rows = []
-        for o in occurrences:
-            grace = prune.get(o.schedule)
-            rows.append(
-                [
-                    o.key,
-                    o.schedule,
-                    o.task,
-                    o.task_id,
-                    o.scheduled_at.isoformat(),
-                    o.status,
-                    o.reason,
-                    None if grace is None else (o.scheduled_at - grace).isoformat(),
-                    None if o.deadline is None else o.deadline.isoformat(),
-                ]
-            )
-        params = {
-            "rows": json.dumps(rows),
-            "replica": self.replica,
-            "outcome": outcome.value,
-            "lease": lease.total_seconds(),
-        }
-        sql = postgresql.CLAIM if gated else postgresql.RECORD
-        # Autocommit: one statement needs no BEGIN and COMMIT round trips.
-        with self.database.connect(autocommit=True) as conn:
-            return {row[0] for row in conn.execute(sa.text(sql), params)}
-
-    def _claim_sqlite(
-        self,
-        occurrences: Sequence[Occurrence],
-        gated: bool,
-        outcome: Outcome,
-        lease: timedelta,
-        prune: Mapping[str, timedelta],
-    ) -> set[str]:
-        won: set[str] = set()
-        with self.database.connect() as conn, conn.begin():
-            now = self.database.clock()  # see _now()
-            floor = conn.execute(
-                sa.select(watermarks.c.before).where(watermarks.c.name == RUNS)
-            ).scalar()
-            if floor is not None:  # see _raise_watermark
-                occurrences = [o for o in occurrences if o.scheduled_at >= floor]
-            for chunk in chunks(occurrences, SQLITE_CHUNK):
-                if gated:
-                    rows = [
-                        {
-                            "id": o.key,
-                            "schedule": o.schedule,
-                            "scheduled_at": o.scheduled_at,
-                            "claimed_at": now,
-                            "replica": self.replica,
-                        }
-                        for o in chunk
-                    ]
-                    stmt = (
-                        sqlite_insert(claims)
-                        .values(rows)
-                        .on_conflict_do_nothing()
-                        .returning(claims.c.id)
-                    )
-                    inserted = {row[0] for row in conn.execute(stmt)}
-                    chunk = [o for o in chunk if o.key in inserted]
-                    if not chunk:
-                        continue
-                stmt = (
-                    sqlite_insert(runs)
-                    .values([self._run_row(o, outcome, now, lease) for o in chunk])
-                    .on_conflict_do_nothing()
-                    .returning(runs.c.id)
-                )
-                recorded = {row[0] for row in conn.execute(stmt)}
-                won |= recorded
-                prunes = [
-                    {"s": o.schedule, "b": o.scheduled_at - prune[o.schedule]}
-                    for o in chunk
-                    if o.key in recorded and o.schedule in prune
-                ]
-                if gated and prunes:
-                    conn.execute(
-                        sa.delete(claims).where(
-                            claims.c.schedule == sa.bindparam("s"),
-                            claims.c.scheduled_at
-                            < sa.bindparam("b", type_=claims.c.claimed_at.type),
-                        ),
-                        prunes,
-                    )
-        return won
-
-    def _run_row(
-        self, o: Occurrence, outcome: Outcome, now: datetime, lease: timedelta
-    ) -> dict[str, Any]:
-        return {
-            "id": o.key,
-            "schedule": o.schedule,
-            "task": o.task,
-            "task_id": o.task_id,
-            "scheduled_at": o.scheduled_at,
-            "coordination_outcome": outcome.value,
-            "status": o.status,
-            "reason": o.reason,
-            "replica": self.replica,
-            "claimed_at": now,
-            "deadline": o.deadline,
-            "lease_until": (
-                max(o.scheduled_at, now) + lease if o.status == Status.CLAIMED else None
-            ),
-        }
+        return self.database.dialect.claim(
+            runs, gated=gated, outcome=outcome, lease=lease, prune=prune, replica=self.replica
+        )
 
     def fence(
         self, keys: Iterable[str], *, hold: timedelta, start: datetime | None = None
@@ -238,55 +122,17 @@ class BeatStore:
         keys = list(keys)
         if not keys:
             return Fence(set(), None, None)
-        if self.database.dialect == "postgresql":
-            params = {
-                "keys": keys,
-                "replica": self.replica,
-                "hold": hold.total_seconds(),
-                "start": start,
-            }
-            with self.database.connect(autocommit=True) as conn:
-                sent = self.database.monotonic()
-                rows = conn.execute(sa.text(postgresql.FENCE), params).all()
-                received = self.database.monotonic()
-            if not rows:
-                return Fence(set(), None, None)
-            clock = [row[2] for row in rows]
-            return Fence(
-                {row[0] for row in rows},
-                min(row[1] for row in rows),
-                Reading(min(clock), max(clock), sent, received),
-            )
-        fenced: set[str] = set()
-        readings: list[datetime] = []
-        with self.database.connect() as conn, conn.begin():
-            # The comparisons read the clock as the statement runs: a pause between a clock
-            # read in Python and the statement would let an expired lease pass. The lease
-            # granted counts from the reading at BEGIN (no other writer acts in between, and
-            # a pause since only shortens it).
-            now = self.database.clock()
-            until = max(now, start or now) + hold
-            stmt = (
-                sa.update(runs)
-                .where(
-                    runs.c.id.in_(sa.bindparam("keys", expanding=True)),
-                    runs.c.status == Status.CLAIMED,
-                    runs.c.replica == self.replica,
-                    runs.c.lease_until > _SQLITE_NOW,
-                    sa.or_(runs.c.deadline.is_(None), runs.c.deadline >= _SQLITE_NOW),
-                )
-                .values(lease_until=until)
-                .returning(runs.c.id, _SQLITE_NOW)
-            )
-            sent = self.database.monotonic()
-            for chunk in chunks(keys, SQLITE_CHUNK):
-                for key, clock in conn.execute(stmt, {"keys": list(chunk)}):
-                    fenced.add(key)
-                    readings.append(instant(clock))
-            received = self.database.monotonic()
-        if not fenced:
+        rows, sent, received = self.database.dialect.fence(
+            keys, replica=self.replica, hold=hold, start=start
+        )
+        if not rows:
             return Fence(set(), None, None)
-        return Fence(fenced, until, Reading(min(readings), max(readings), sent, received))
+        clock = [read for _, _, read in rows]
+        return Fence(
+            {key for key, _, _ in rows},
+            min(until for _, until, _ in rows),
+            Reading(min(clock), max(clock), sent, received),
+        )
 
     def mark_published(self, keys: Iterable[str]) -> set[str]:
         """Stamp ``published_at`` and end the leases of ``keys``, whose messages the broker
@@ -299,25 +145,8 @@ class BeatStore:
         keys = list(keys)
         if not keys:
             return set()
-        if self.database.dialect == "postgresql":
-            with self.database.connect(autocommit=True) as conn:
-                rows = conn.execute(sa.text(postgresql.MARK_PUBLISHED), {"keys": keys})
-                return {key for key, replica in rows if replica != self.replica}
-        lost: set[str] = set()
-        with self.database.connect() as conn, conn.begin():
-            stmt = (
-                sa.update(runs)
-                .where(runs.c.id.in_(sa.bindparam("keys", expanding=True)))
-                .values(published_at=self.database.clock(), lease_until=None)
-                .returning(runs.c.id, runs.c.replica)
-            )
-            for chunk in chunks(keys, SQLITE_CHUNK):
-                lost.update(
-                    key
-                    for key, replica in conn.execute(stmt, {"keys": list(chunk)})
-                    if replica != self.replica
-                )
-        return lost
+        marked = self.database.dialect.mark(keys)
+        return {key for key, replica in marked if replica != self.replica}
 
     def refuse(self, keys: Iterable[str], *, reason: str) -> None:
         """End the leases of ``keys``, whose messages the broker refused (not sent), and
@@ -340,29 +169,12 @@ class BeatStore:
         self._write_in_chunks(stmt, keys)
 
     def settle(self, keys: Iterable[str]) -> None:
-        """Record as ``published`` the marked runs of ``keys`` still ``claimed``: a statement
-        per :data:`SETTLE_BATCH` rows, so that a worker's ledger write never waits long on
-        their row locks. The worker may already have moved a row on (started, even
-        succeeded): its status stays.
-        """
+        """Record as ``published`` the marked runs of ``keys`` still ``claimed``. The worker
+        may already have moved a row on (started, even succeeded): its status stays."""
         keys = list(keys)
         if not keys:
             return
-        if self.database.dialect == "postgresql":
-            with self.database.connect(autocommit=True) as conn:
-                for batch in chunks(keys, SETTLE_BATCH):
-                    conn.execute(sa.text(postgresql.SETTLE), {"keys": list(batch)})
-            return
-        stmt = (
-            sa.update(runs)
-            .where(
-                runs.c.id.in_(sa.bindparam("keys", expanding=True)),
-                runs.c.status == Status.CLAIMED,
-                runs.c.published_at.is_not(None),
-            )
-            .values(status=Status.PUBLISHED.value, error=None)
-        )
-        self._write_in_chunks(stmt, keys)
+        self.database.dialect.settle(keys)
 
     def settle_abandoned(self, *, after: timedelta) -> int:
         """Record as ``published`` the runs marked more than ``after`` ago and still
@@ -393,15 +205,15 @@ class BeatStore:
 
     # -- overlap ------------------------------------------------------------------------
 
-    def live_runs(self, schedules: Sequence[str], *, since: datetime) -> list[Occurrence]:
+    def live_runs(self, schedules: Sequence[str], *, since: datetime) -> list[Run]:
         """Unfinished runs (in flight or queued) of ``schedules`` scheduled at or after
         ``since``, each with when it last moved."""
         stmt = sa.select(
-            runs.c.id,
             runs.c.schedule,
-            runs.c.task,
-            runs.c.task_id,
             runs.c.scheduled_at,
+            runs.c.id,
+            runs.c.task_id,
+            runs.c.task,
             runs.c.status,
             runs.c.reason,
             sa.func.coalesce(runs.c.started_at, runs.c.published_at, runs.c.claimed_at),
@@ -412,17 +224,16 @@ class BeatStore:
             # even with a generic plan.
             sa.text(LIVE),
         )
-        found: list[Occurrence] = []
+        found: list[Run] = []
         with self.database.connect() as conn:
             for chunk in chunks(list(schedules), SQLITE_CHUNK):
-                for key, name, task, task_id, at, status, reason, moved in conn.execute(
+                for name, at, key, task_id, task, status, reason, moved in conn.execute(
                     stmt, {"names": chunk}
                 ):
+                    occurrence = Occurrence(name, at, key, task_id)
                     # coalesce() loses the column type on SQLite: parse the text back.
-                    since_ = instant(moved)
-                    found.append(
-                        Occurrence(key, name, task, task_id, at, Status(status), reason, since_)
-                    )
+                    moved_at = instant(moved)
+                    found.append(Run(occurrence, task, Status(status), reason, since=moved_at))
         return found
 
     def note_overlap_timeout(self, keys: Iterable[str]) -> None:
@@ -455,10 +266,8 @@ class BeatStore:
 
     def _write_in_chunks(self, stmt: sa.Executable, keys: list[str]) -> None:
         batches = list(chunks(keys, SQLITE_CHUNK))
-        if self.database.dialect == "postgresql" and len(batches) == 1:
-            # One statement needs no transaction of its own: autocommit saves the BEGIN and
-            # COMMIT round trips on the firing path.
-            with self.database.connect(autocommit=True) as conn:
+        if len(batches) == 1:
+            with self.database.dialect.statement() as conn:
                 conn.execute(stmt, {"keys": batches[0]})
             return
         with self.database.connect() as conn, conn.begin():
@@ -478,7 +287,8 @@ class BeatStore:
     ) -> list[Occurrence]:
         """Take over at most ``limit`` ``claimed`` runs of ``schedules`` whose lease ran out
         (a replica crashed, stopped or lost the broker) and whose deadline has not passed:
-        they are this replica's, leased for ``hold``, oldest lease first.
+        they are this replica's, leased for ``hold``, oldest lease first. Returns their
+        occurrences.
 
         A conditional update: of several replicas at once, exactly one gets each row (SKIP
         LOCKED on PostgreSQL; SQLite serialises writers), and none while the holder's lease
@@ -489,32 +299,25 @@ class BeatStore:
             lapsed = sa.and_(
                 _lapsed(now),
                 sa.or_(runs.c.deadline.is_(None), runs.c.deadline >= now),
-                runs.c.schedule.in_(self._names()),
+                runs.c.schedule.in_(self.database.dialect.names()),
             )
-            stale = sa.select(runs.c.id).where(lapsed).order_by(runs.c.scheduled_at).limit(limit)
-            if self.database.dialect == "postgresql":
-                stale = stale.with_for_update(skip_locked=True)
+            stale = self.database.dialect.skip_locked(
+                sa.select(runs.c.id).where(lapsed).order_by(runs.c.scheduled_at).limit(limit)
+            )
             stmt = (
                 sa.update(runs)
                 .where(runs.c.id.in_(stale.scalar_subquery()), _lapsed(now))
                 .values(replica=self.replica, lease_until=now + hold)
-                .returning(
-                    runs.c.id,
-                    runs.c.schedule,
-                    runs.c.task,
-                    runs.c.task_id,
-                    runs.c.scheduled_at,
-                    runs.c.deadline,
-                )
+                .returning(runs.c.schedule, runs.c.scheduled_at, runs.c.id, runs.c.task_id)
             )
             return [
-                Occurrence(key, name, task, task_id, at, deadline=deadline)
-                for key, name, task, task_id, at, deadline in conn.execute(
+                Occurrence(name, at, key, task_id)
+                for name, at, key, task_id in conn.execute(
                     stmt, {"names": json.dumps(sorted(schedules))}
                 )
             ]
 
-    def expire(self, *, known: Collection[str], limit: int) -> list[Occurrence]:
+    def expire(self, *, known: Collection[str], limit: int) -> list[Run]:
         """Record as ``missed`` at most ``limit`` ``claimed`` runs whose lease ran out and
         whose deadline passed (guarantee 6), whatever their schedule: reason
         ``broker_refused`` if the broker refused its last try (:meth:`refuse`), else
@@ -522,17 +325,15 @@ class BeatStore:
         ``unknown_schedule`` (removed or renamed: nobody could publish it). Returns them."""
         with self.database.connect() as conn, conn.begin():
             now = self.database.now()
-            doomed = (
+            doomed = self.database.dialect.skip_locked(
                 sa.select(runs.c.id)
                 .where(_lapsed(now), runs.c.deadline < now)
                 .order_by(runs.c.scheduled_at)
                 .limit(limit)
             )
-            if self.database.dialect == "postgresql":
-                doomed = doomed.with_for_update(skip_locked=True)
             reason = sa.case(
                 (runs.c.error.is_not(None), Reason.BROKER_REFUSED.value),
-                (runs.c.schedule.in_(self._names()), Reason.PUBLISH_FAILED.value),
+                (runs.c.schedule.in_(self.database.dialect.names()), Reason.PUBLISH_FAILED.value),
                 else_=Reason.UNKNOWN_SCHEDULE.value,
             )
             stmt = (
@@ -540,26 +341,20 @@ class BeatStore:
                 .where(runs.c.id.in_(doomed.scalar_subquery()), _lapsed(now))
                 .values(status=Status.MISSED.value, reason=reason, lease_until=None)
                 .returning(
-                    runs.c.id,
                     runs.c.schedule,
-                    runs.c.task,
-                    runs.c.task_id,
                     runs.c.scheduled_at,
+                    runs.c.id,
+                    runs.c.task_id,
+                    runs.c.task,
                     runs.c.reason,
                 )
             )
             return [
-                Occurrence(key, name, task, task_id, at, Status.MISSED, why)
-                for key, name, task, task_id, at, why in conn.execute(
+                Run(Occurrence(name, at, key, task_id), task, Status.MISSED, why)
+                for name, at, key, task_id, task, why in conn.execute(
                     stmt, {"names": json.dumps(sorted(known))}
                 )
             ]
-
-    def _names(self) -> sa.TextClause:
-        """The ``names`` parameter (a JSON list) as a set of rows to compare ``IN`` with."""
-        if self.database.dialect == "postgresql":
-            return sa.text("SELECT json_array_elements_text(CAST(:names AS json))")
-        return sa.text("SELECT value FROM json_each(:names)")
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -580,23 +375,7 @@ class BeatStore:
         """Rows in each of voltro_beat's tables, estimated without counting them: the
         planner's statistics on PostgreSQL, the rowid span on SQLite (rows deleted in between
         still count until the ids move on)."""
-        names = [claims.name, runs.name, replicas.name]
-        with self.database.connect() as conn:
-            if self.database.dialect == "postgresql":
-                # reltuples is -1 before the first VACUUM or ANALYZE: not known yet.
-                stmt = sa.text(
-                    "SELECT relname, reltuples FROM pg_class WHERE relname IN :names"
-                ).bindparams(sa.bindparam("names", expanding=True))
-                rows = conn.execute(stmt, {"names": names})
-                return {name: max(0, int(n)) for name, n in rows}
-            return {
-                name: int(
-                    conn.execute(
-                        sa.text(f"SELECT coalesce(max(rowid) - min(rowid) + 1, 0) FROM {name}")
-                    ).scalar_one()
-                )
-                for name in names
-            }
+        return self.database.dialect.row_estimates([claims.name, runs.name, replicas.name])
 
     # -- retention -----------------------------------------------------------------------
 
@@ -604,9 +383,8 @@ class BeatStore:
         """Claim ``key``, the run of voltro_beat's own ``job`` (the retention sweep) at
         ``at``, in the claims table alone: the gate every occurrence goes through decides
         which replica does it, and no run row is written (it is not a task)."""
-        insert = postgresql_insert if self.database.dialect == "postgresql" else sqlite_insert
         stmt = (
-            insert(claims)
+            self.database.dialect.insert(claims)
             .values(
                 id=key,
                 schedule=job,
@@ -662,17 +440,9 @@ class BeatStore:
 
     def _raise_watermark(self, conn: sa.Connection, before: datetime) -> None:
         """Refuse from now on the claims of occurrences older than ``before`` (never lowered)."""
-        values = {"name": RUNS, "before": before}
-        if self.database.dialect == "postgresql":
-            pg = postgresql_insert(watermarks).values(values)
-            newer = sa.func.greatest(watermarks.c.before, pg.excluded.before)
-            conn.execute(pg.on_conflict_do_update(index_elements=["name"], set_={"before": newer}))
-        else:
-            lite = sqlite_insert(watermarks).values(values)
-            newer = sa.func.max(watermarks.c.before, lite.excluded.before)
-            conn.execute(
-                lite.on_conflict_do_update(index_elements=["name"], set_={"before": newer})
-            )
+        insert = self.database.dialect.insert(watermarks).values(name=RUNS, before=before)
+        newer = self.database.dialect.greatest(watermarks.c.before, insert.excluded.before)
+        conn.execute(insert.on_conflict_do_update(index_elements=["name"], set_={"before": newer}))
 
     def _table(self, conn: sa.Connection, name: str) -> sa.Table:
         """voltro_beat's own table ``name``, or an app's, read from the database once."""

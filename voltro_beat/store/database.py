@@ -1,5 +1,5 @@
-"""One store URL: the engine for its dialect, the schema, and the error wrapping of every
-statement.
+"""One store URL: its :class:`~voltro_beat.store.dialect.Dialect`, its engine, the schema, and
+the error wrapping of every statement.
 
 Each process side (beat's :class:`~voltro_beat.store.beat.BeatStore`, the worker's
 :class:`~voltro_beat.store.run_writer.RunWriter`, the operator's reads) opens its own
@@ -11,26 +11,22 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import event
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
+from voltro_beat.clock import ClockMode
 from voltro_beat.exceptions import ConfigurationError, StoreError
+from voltro_beat.store.dialect import Dialect
+from voltro_beat.store.postgresql import PostgreSQL
+from voltro_beat.store.sqlite import SQLite
+from voltro_beat.store.tables import instant
 
-T = TypeVar("T")
-
-#: Rows per statement on SQLite, which caps bound parameters per statement.
-SQLITE_CHUNK = 2000
-#: How long a SQLite writer waits for another replica's transaction before giving up.
-SQLITE_BUSY_MS = 30_000
-#: Random 64-bit key of the PostgreSQL advisory lock that serialises schema upgrades.
-MIGRATION_LOCK = 0x766F6C74726F6D67
 #: The setting every URL error names.
 SETTING = "voltro_beat_store_url"
 
@@ -60,35 +56,19 @@ class Database:
         monotonic: Callable[[], float] | None = None,
         sqlite_connection: type[sqlite3.Connection] | None = None,
     ) -> None:
-        self.dialect = url.get_backend_name()
         self.display_url = url.render_as_string(hide_password=True)
         #: SQLite's clock (one host: the process's own), also inside statements as the SQL
         #: function ``voltro_now()``. PostgreSQL's is the server's ``clock_timestamp()``.
         self.clock: Callable[[], datetime] = clock or _utc_now
         #: Times the round trip of a statement that reads the database's clock.
         self.monotonic: Callable[[], float] = monotonic or time.monotonic
-        if self.dialect == "postgresql":
-            self.engine = sa.create_engine(
-                url,
-                pool_pre_ping=True,
-                pool_size=2,
-                max_overflow=2,
-                connect_args={
-                    "connect_timeout": 5,
-                    "application_name": "voltro_beat",
-                    # A dead network must fail a statement within seconds (fail closed and
-                    # retry) rather than hang the tick for the kernel's default of minutes.
-                    "keepalives": 1,
-                    "keepalives_idle": 5,
-                    "keepalives_interval": 2,
-                    "keepalives_count": 3,
-                    "tcp_user_timeout": 10_000,
-                },
-            )
-        else:
-            connect_args = {} if sqlite_connection is None else {"factory": sqlite_connection}
-            self.engine = sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
-            _configure_sqlite(self.engine, lambda: self.clock())
+        #: Everything done differently on this kind of database.
+        self.dialect: Dialect = (
+            PostgreSQL(self)
+            if url.get_backend_name() == PostgreSQL.name
+            else SQLite(self, connection=sqlite_connection)
+        )
+        self.engine = self.dialect.create_engine(url)
 
     @classmethod
     def open(cls, url: str, **seams: Any) -> Database:
@@ -110,9 +90,9 @@ class Database:
         except ArgumentError as exc:
             raise ConfigurationError(f"cannot parse store URL: {exc}", field=SETTING) from None
         backend = parsed.get_backend_name()
-        if backend == "postgresql" and parsed.drivername == "postgresql":
+        if backend == PostgreSQL.name and parsed.drivername == PostgreSQL.name:
             parsed = parsed.set(drivername="postgresql+psycopg")
-        if backend not in ("postgresql", "sqlite"):
+        if backend not in (PostgreSQL.name, SQLite.name):
             raise ConfigurationError(
                 f"unsupported store {hide_password(url)!r}: use postgresql+psycopg://... "
                 "or sqlite:///path",
@@ -153,10 +133,8 @@ class Database:
         statement runs; on SQLite the process clock, read now. Read inside a BEGIN IMMEDIATE
         transaction, SQLite's reading may be older than the statement (a pause in between)
         but no other writer can have acted meanwhile; where an old reading would let an
-        expired lease pass, use the SQL function ``voltro_now()`` instead."""
-        if self.dialect == "postgresql":
-            return sa.func.clock_timestamp(type_=sa.DateTime(timezone=True))
-        return self.clock()
+        expired lease pass, use :meth:`statement_clock` instead."""
+        return self.dialect.now()
 
     def time(self) -> datetime:
         """The store's clock now (one round trip on PostgreSQL)."""
@@ -175,18 +153,26 @@ class Database:
     def statement_clock(self) -> sa.ColumnElement[Any]:
         """The database's clock as a statement runs, as a column to select or return:
         PostgreSQL's ``clock_timestamp()``, SQLite's ``voltro_now()``."""
-        if self.dialect == "postgresql":
-            return sa.func.clock_timestamp(type_=sa.DateTime(timezone=True))
-        return sa.func.voltro_now()
+        return self.dialect.statement_clock()
+
+    def clock_mode(self, setting: ClockMode | None = None) -> ClockMode:
+        """Whose clock "now" is for a process of this store, given ``voltro_beat_clock``
+        (``setting``, None if not set): on PostgreSQL the setting, by default the database's
+        (guarantee 9); on SQLite the local one whatever the setting (one host: the database's
+        clock is this host's)."""
+        return self.dialect.clock_mode(setting)
+
+    @property
+    def file(self) -> str | None:
+        """The SQLite file of the store (None on PostgreSQL, or in memory)."""
+        return self.dialect.file
 
     def upgrade(self) -> None:
         """Bring the schema to the newest migration; safe when replicas boot together."""
         from voltro_beat.store.migrations.runner import upgrade
 
         with self.connect() as conn, conn.begin():
-            if self.dialect == "postgresql":
-                # Transaction-scoped, so a crash mid-upgrade cannot leave the lock held.
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
+            self.dialect.lock_schema(conn)
             upgrade(conn)
 
     def dispose(self, *, close: bool = True) -> None:
@@ -229,59 +215,5 @@ def first_line(exc: BaseException) -> str:
     return str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
 
 
-def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
-    """``items`` in consecutive slices of at most ``size``."""
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
 def _utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-def instant(value: Any) -> datetime:
-    """A clock reading or stored instant as an aware UTC datetime (SQLite returns text where
-    SQLAlchemy cannot see a column type, and naive datetimes where it can)."""
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    assert isinstance(value, datetime)
-    return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-def _configure_sqlite(engine: Engine, clock: Callable[[], datetime]) -> None:
-    """WAL, a busy timeout, ``BEGIN IMMEDIATE`` so that writers queue instead of failing, and
-    ``voltro_now()``: the clock as the statement runs, as SQLAlchemy stores instants there
-    (naive UTC text with six fraction digits, which compares with stored instants)."""
-
-    def voltro_now() -> str:
-        return clock().astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.create_function("voltro_now", 0, voltro_now)
-        # Let SQLAlchemy's begin event emit BEGIN itself (pysqlite's own handling defers it).
-        dbapi_conn.isolation_level = None
-        cursor = dbapi_conn.cursor()
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
-        # Turning a new file to WAL takes an exclusive lock and SQLite answers "database is
-        # locked" at once, without its busy handler, when replicas open the file together:
-        # retry for as long as the busy timeout would have waited. (WAL is persistent, so
-        # this only ever contends on a brand-new file.)
-        deadline = time.monotonic() + SQLITE_BUSY_MS / 1000
-        while True:
-            try:
-                cursor.execute("PRAGMA journal_mode=WAL")
-                break
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
-        # FULL: a commit is on disk before beat sends the messages it claimed. NORMAL would
-        # let a power loss roll back claims whose messages went out, and catch-up at reboot
-        # would send them again. (The workers' ledger writes relax it: RunWriter.)
-        cursor.execute("PRAGMA synchronous=FULL")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")

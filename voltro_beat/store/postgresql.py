@@ -1,18 +1,44 @@
-"""The statements of beat's firing path written for PostgreSQL by hand.
+"""PostgreSQL (psycopg 3): the :class:`~voltro_beat.store.dialect.Dialect` of a store that
+replicas on several hosts share, and the statements of beat's firing path written for it by
+hand.
 
 One statement, one round trip, whatever the batch size: the batch travels as one JSON
 parameter (psycopg dumps a text parameter in C, while Python lists as arrays cost more than
 the statement itself), and data-modifying CTEs make claims + runs + pruning one atomic
 statement. Every instant a lease or a deadline is compared with is ``clock_timestamp()``: the
 database's clock when the statement runs, never a value a replica computed before a pause
-(guarantees 9 and 10). SQLite runs the same steps as SQLAlchemy Core statements
-(:mod:`voltro_beat.store.beat`).
+(guarantees 9 and 10).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import URL, Connection, Engine
+
+from voltro_beat.clock import ClockMode
+from voltro_beat.coordination import Outcome
+from voltro_beat.runs import Run
 from voltro_beat.status import Status
-from voltro_beat.store.tables import CLAIMS, RUNS, WATERMARKS
+from voltro_beat.store.dialect import Dialect, chunks
+from voltro_beat.store.tables import CLAIMS, RUNS, WATERMARKS, replicas
+
+if TYPE_CHECKING:
+    from voltro_beat.store.database import Database
+
+#: Random 64-bit key of the advisory lock that serialises schema upgrades.
+MIGRATION_LOCK = 0x766F6C74726F6D67
+#: Runs recorded ``published`` per :data:`SETTLE` statement, so that a worker's ledger write
+#: never waits long on their row locks.
+SETTLE_BATCH = 1_000
+
+_CLOCK = sa.func.clock_timestamp(type_=sa.DateTime(timezone=True))
 
 _CLAIMED = f"'{Status.CLAIMED}'"
 _PUBLISHED = f"'{Status.PUBLISHED}'"
@@ -114,3 +140,192 @@ UPDATE {RUNS} AS r
 SET status = {_PUBLISHED}, error = NULL
 WHERE r.id = ANY(CAST(:keys AS text[])) AND r.status = {_CLAIMED}
   AND r.published_at IS NOT NULL"""
+
+
+class PostgreSQL(Dialect):
+    """PostgreSQL through psycopg 3: the database's clock is the server's, which every replica
+    reads (guarantee 9)."""
+
+    name = "postgresql"
+
+    def __init__(self, database: Database) -> None:
+        super().__init__(database)
+        #: The ledger's statements compiled to SQL, once each.
+        self._compiled: dict[sa.Select[Any] | sa.Update, str] = {}
+
+    def create_engine(self, url: URL) -> Engine:
+        return sa.create_engine(
+            url,
+            pool_pre_ping=True,
+            pool_size=2,
+            max_overflow=2,
+            connect_args={
+                "connect_timeout": 5,
+                "application_name": "voltro_beat",
+                # A dead network must fail a statement within seconds (fail closed and
+                # retry) rather than hang the tick for the kernel's default of minutes.
+                "keepalives": 1,
+                "keepalives_idle": 5,
+                "keepalives_interval": 2,
+                "keepalives_count": 3,
+                "tcp_user_timeout": 10_000,
+            },
+        )
+
+    @contextmanager
+    def statement(self) -> Iterator[Connection]:
+        # Autocommit: one statement needs no BEGIN and COMMIT round trips.
+        with self.database.connect(autocommit=True) as conn:
+            yield conn
+
+    def lock_schema(self, conn: Connection) -> None:
+        # Transaction-scoped, so a crash mid-upgrade cannot leave the lock held.
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
+
+    def clock_mode(self, setting: ClockMode | None) -> ClockMode:
+        return setting or ClockMode.DATABASE
+
+    def now(self) -> Any:
+        return _CLOCK
+
+    def statement_clock(self) -> sa.ColumnElement[Any]:
+        return _CLOCK
+
+    def insert(self, table: sa.Table) -> postgresql.Insert:
+        return postgresql.insert(table)
+
+    def greatest(self, *values: Any) -> sa.ColumnElement[Any]:
+        return sa.func.greatest(*values)
+
+    def names(self) -> sa.TextClause:
+        return sa.text("SELECT json_array_elements_text(CAST(:names AS json))")
+
+    def skip_locked(self, select: sa.Select[Any]) -> sa.Select[Any]:
+        return select.with_for_update(skip_locked=True)
+
+    def row_estimates(self, tables: Sequence[str]) -> dict[str, int]:
+        # reltuples is -1 before the first VACUUM or ANALYZE: not known yet.
+        stmt = sa.text("SELECT relname, reltuples FROM pg_class WHERE relname IN :names")
+        stmt = stmt.bindparams(sa.bindparam("names", expanding=True))
+        with self.database.connect() as conn:
+            rows = conn.execute(stmt, {"names": list(tables)})
+            return {name: max(0, int(n)) for name, n in rows}
+
+    def claim(
+        self,
+        batch: Sequence[Run],
+        *,
+        gated: bool,
+        outcome: Outcome,
+        lease: timedelta,
+        prune: Mapping[str, timedelta],
+        replica: str,
+    ) -> set[str]:
+        rows = []
+        for run in batch:
+            o = run.occurrence
+            grace = prune.get(o.schedule)
+            rows.append(
+                [
+                    o.key,
+                    o.schedule,
+                    run.task,
+                    o.task_id,
+                    o.scheduled_at.isoformat(),
+                    run.status,
+                    run.reason,
+                    None if grace is None else (o.scheduled_at - grace).isoformat(),
+                    None if run.deadline is None else run.deadline.isoformat(),
+                ]
+            )
+        params = {
+            "rows": json.dumps(rows),
+            "replica": replica,
+            "outcome": outcome.value,
+            "lease": lease.total_seconds(),
+        }
+        with self.statement() as conn:
+            return {row[0] for row in conn.execute(sa.text(CLAIM if gated else RECORD), params)}
+
+    def fence(
+        self, keys: Sequence[str], *, replica: str, hold: timedelta, start: datetime | None
+    ) -> tuple[list[tuple[str, datetime, datetime]], float, float]:
+        params = {
+            "keys": list(keys),
+            "replica": replica,
+            "hold": hold.total_seconds(),
+            "start": start,
+        }
+        with self.statement() as conn:
+            sent = self.database.monotonic()
+            rows = conn.execute(sa.text(FENCE), params).all()
+            received = self.database.monotonic()
+        return [(key, until, clock) for key, until, clock in rows], sent, received
+
+    def mark(self, keys: Sequence[str]) -> list[tuple[str, str | None]]:
+        with self.statement() as conn:
+            rows = conn.execute(sa.text(MARK_PUBLISHED), {"keys": list(keys)})
+            return [(key, replica) for key, replica in rows]
+
+    def settle(self, keys: Sequence[str]) -> None:
+        with self.statement() as conn:
+            for batch in chunks(keys, SETTLE_BATCH):
+                conn.execute(sa.text(SETTLE), {"keys": list(batch)})
+
+    def heartbeat(
+        self, beat: sa.Update, live: Callable[[Any], sa.Select[Any]]
+    ) -> tuple[tuple[datetime, float, float], Sequence[sa.Row[Any]]] | None:
+        # One statement: the update's CTE, then the live rows as they were before it (this
+        # replica's own row then shows its previous heartbeat, which is live anyway). The
+        # outer join keeps the clock's reading when no row is live. A lateral subquery is
+        # joined by a nested loop, here over the CTE's one row: its rows keep ``live``'s order.
+        cte = beat.returning(replicas.c.last_seen.label("now")).cte("beat")
+        seen = live(cte.c.now).lateral("live")
+        stmt = sa.select(cte.c.now, seen).select_from(cte.outerjoin(seen, sa.true()))
+        with self.statement() as conn:
+            sent = self.database.monotonic()
+            rows = conn.execute(stmt).all()
+            received = self.database.monotonic()
+        if not rows:
+            return None
+        now = rows[0].now
+        assert isinstance(now, datetime)
+        return (now, sent, received), rows
+
+    def ledger_connection(self, conn: Connection) -> None:
+        driver = conn.connection.dbapi_connection
+        assert driver is not None, "a new connection has a driver connection"
+        # Autocommit: each write is one round trip, no BEGIN/COMMIT.
+        driver.autocommit = True
+        # Status updates do not wait for the WAL flush: a database crash may lose the last
+        # fraction of a second of them (a row then shows an earlier status; claims and run
+        # rows, written by beat, stay fully durable). This halves the ledger's cost per task
+        # and keeps it flat while other writers keep the disk busy. The statement timeout
+        # bounds how long a task can wait on a ledger write (a row locked by a stuck
+        # transaction).
+        driver.execute("SET synchronous_commit = off; SET statement_timeout = 5000")
+
+    def ledger_execute(
+        self, conn: Connection, stmt: sa.Select[Any] | sa.Update, params: Mapping[str, Any]
+    ) -> Any:
+        # The statement is compiled to SQL once; each write then goes to psycopg directly, in
+        # autocommit: one round trip, and none of SQLAlchemy's per-execution work, which on
+        # a busy worker costs about as much as the UPDATE itself. Parameters are our own
+        # aware datetimes, strings and ints, which psycopg adapts as SQLAlchemy would.
+        sql = self._compiled.get(stmt)
+        if sql is None:
+            sql = str(stmt.compile(dialect=self.database.engine.dialect))
+            self._compiled[stmt] = sql
+        # psycopg 3 is not an asyncio driver: its DB-API connection is the driver's own.
+        driver = conn.connection.dbapi_connection
+        assert driver is not None, "a live connection has a driver connection"
+        return driver.execute(sql, params).fetchone()
+
+    def ledger_clock(self) -> sa.ColumnElement[Any]:
+        return _CLOCK
+
+    def ledger_lease_until(self) -> sa.ColumnElement[Any]:
+        return _CLOCK + sa.bindparam("l_lease", type_=sa.Interval)
+
+    def seconds_between(self, later: Any, earlier: Any) -> sa.ColumnElement[Any]:
+        return sa.extract("epoch", sa.cast(later, sa.DateTime(timezone=True)) - earlier)

@@ -13,7 +13,8 @@ import sqlalchemy as sa
 
 from voltro_beat.exceptions import StoreError
 from voltro_beat.status import Reason, Status, sql_in
-from voltro_beat.store.database import SQLITE_CHUNK, Database, chunks
+from voltro_beat.store.database import Database
+from voltro_beat.store.dialect import SQLITE_CHUNK, chunks
 from voltro_beat.store.migrations import runner as migrations
 from voltro_beat.store.tables import CLAIMS, REPLICAS, RUNS, claims, runs, watermarks
 from voltro_beat.tally import Tally, tally

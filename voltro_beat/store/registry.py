@@ -13,11 +13,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from voltro_beat.replicas import Replica
-from voltro_beat.store.database import Database, instant
+from voltro_beat.store.database import Database
 from voltro_beat.store.tables import replicas
 
 _SUMMARY = (
@@ -55,8 +53,7 @@ class Registry:
             "schedules": json.dumps(dict(schedules), sort_keys=True),
             "schedules_digest": me.schedules_digest,
         }
-        insert = pg_insert if self.database.dialect == "postgresql" else sqlite_insert
-        stmt = insert(replicas).values(row)
+        stmt = self.database.dialect.insert(replicas).values(row)
         stmt = stmt.on_conflict_do_update(
             index_elements=[replicas.c.name],
             set_={k: stmt.excluded[k] for k in row if k != "name"},
@@ -67,7 +64,7 @@ class Registry:
     def heartbeat(
         self, name: str, clock_offset: float | None, within: timedelta
     ) -> tuple[tuple[datetime, float, float], list[Replica]] | None:
-        """Refresh ``last_seen`` and read who else is live, in one round trip.
+        """Refresh ``last_seen`` and read who else is live (in one round trip on PostgreSQL).
 
         Returns a reading of the database's clock (the instant and the monotonic instants
         around the round trip, see ``Database.read_clock``) and the replicas seen within
@@ -79,40 +76,15 @@ class Registry:
             .where(replicas.c.name == name)
             .values(last_seen=self.database.now(), clock_offset=clock_offset)
         )
-        if self.database.dialect != "postgresql":
-            with self.database.connect() as conn, conn.begin():
-                sent = self.database.monotonic()
-                now = conn.execute(beat.returning(self.database.statement_clock())).scalar()
-                received = self.database.monotonic()
-            if now is None:
-                return None
-            return (instant(now), sent, received), self.live(within)
-        # One statement: the update's CTE, then the live rows as they were before it (this
-        # replica's own row then shows its previous heartbeat, which is live anyway).
-        cte = beat.returning(replicas.c.last_seen.label("now")).cte("beat")
-        stmt = (
-            sa.select(cte.c.now, *_SUMMARY)
-            .select_from(cte.outerjoin(replicas, replicas.c.last_seen >= cte.c.now - within))
-            .order_by(replicas.c.started_at, replicas.c.name)
-        )
-        with self.database.connect(autocommit=True) as conn:
-            sent = self.database.monotonic()
-            rows = conn.execute(stmt).all()
-            received = self.database.monotonic()
-        if not rows:
+        found = self.database.dialect.heartbeat(beat, lambda now: _live(now, within))
+        if found is None:
             return None
-        now = rows[0].now
-        assert isinstance(now, datetime)
-        return (now, sent, received), [Replica.of(row) for row in rows if row.name is not None]
+        reading, rows = found
+        return reading, [Replica.of(row) for row in rows if row.name is not None]
 
     def live(self, within: timedelta) -> list[Replica]:
         """The replicas seen within ``within``, oldest start first (without their schedules)."""
-        stmt = (
-            sa.select(*_SUMMARY)
-            .where(replicas.c.last_seen >= self.database.now() - within)
-            .order_by(replicas.c.started_at, replicas.c.name)
-        )
-        return self._read(stmt)
+        return self._read(_live(self.database.now(), within))
 
     def everyone(self) -> list[Replica]:
         """Every registered replica, the one seen last first."""
@@ -141,3 +113,12 @@ class Registry:
     def _read(self, stmt: sa.Select[Any]) -> list[Replica]:
         with self.database.connect() as conn:
             return [Replica.of(row) for row in conn.execute(stmt)]
+
+
+def _live(now: Any, within: timedelta) -> sa.Select[Any]:
+    """The replicas seen within ``within`` before ``now``, oldest start first."""
+    return (
+        sa.select(*_SUMMARY)
+        .where(replicas.c.last_seen >= now - within)
+        .order_by(replicas.c.started_at, replicas.c.name)
+    )

@@ -44,7 +44,6 @@ class RunWriter:
         self._local = local()
         # Built once per shape: a worker runs the same few statements all day.
         self._statements: dict[_Shape, sa.Select[Any] | sa.Update] = {}
-        self._sql: dict[_Shape, str] = {}
 
     def advance(
         self,
@@ -121,8 +120,9 @@ class RunWriter:
     # -- plumbing ------------------------------------------------------------------------
 
     def _lease_params(self, lease: timedelta | None) -> dict[str, Any]:
-        """The parameters of the worker lease (``l_clock``, ``l_lease_until``: SQLite's, where
-        the database's clock is this host's; ``l_lease``: PostgreSQL's, an interval)."""
+        """The parameters of the worker lease, for the dialect's statements to take what they
+        need: ``l_clock`` and ``l_lease_until`` (read on ``database.clock``: SQLite's, one
+        host) or ``l_lease`` (an interval from the database's clock: PostgreSQL's)."""
         clock = self.database.clock()
         return {
             "l_clock": clock,
@@ -142,11 +142,7 @@ class RunWriter:
         for attempt in (1, 2):
             conn = self._connection()
             try:
-                if self.database.dialect == "postgresql":
-                    return self._execute_pg(conn, shape, params)
-                # SQLite keeps its BEGIN IMMEDIATE so that writers queue on the busy timeout.
-                with conn.begin():
-                    return conn.execute(self._statement(shape), params).first()
+                return self.database.dialect.ledger_execute(conn, self._statement(shape), params)
             except SQLAlchemyError as exc:
                 self._drop()
                 lost = isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated
@@ -154,7 +150,7 @@ class RunWriter:
                     continue
                 raise self.database.error(exc) from exc
             except Exception as exc:
-                # psycopg's own errors, from the fast path below.
+                # The driver's own errors, where the dialect runs the statement on the driver.
                 driver = conn.connection.dbapi_connection
                 lost = driver is None or driver.closed or getattr(driver, "broken", False)
                 self._drop()
@@ -163,20 +159,6 @@ class RunWriter:
                 raise self.database.error(exc) from exc
         raise AssertionError("unreachable")
 
-    def _execute_pg(self, conn: Connection, shape: _Shape, params: Mapping[str, Any]) -> Any:
-        # The statement is compiled to SQL once; each write then goes to psycopg directly, in
-        # autocommit: one round trip, and none of SQLAlchemy's per-execution work, which on
-        # a busy worker costs about as much as the UPDATE itself. Parameters are our own
-        # aware datetimes, strings and ints, which psycopg adapts as SQLAlchemy would.
-        sql = self._sql.get(shape)
-        if sql is None:
-            sql = str(self._statement(shape).compile(dialect=self.database.engine.dialect))
-            self._sql[shape] = sql
-        # psycopg 3 is not an asyncio driver: its DB-API connection is the driver's own.
-        driver = conn.connection.dbapi_connection
-        assert driver is not None, "a live connection has a driver connection"
-        return driver.execute(sql, params).fetchone()
-
     def _connection(self) -> Connection:
         conn: Connection | None = getattr(self._local, "conn", None)
         if conn is not None and not conn.closed and not conn.invalidated:
@@ -184,28 +166,11 @@ class RunWriter:
         conn = None
         try:
             conn = self.database.engine.connect()
-            # Out of the pool for good: its session settings (below) never reach another
+            # Out of the pool for good: its session settings (the dialect's) never reach another
             # user of the pool, and no pool finalizer can touch it after a fork (the driver
             # itself closes a connection only in the process that opened it).
             conn.detach()
-            if self.database.dialect == "postgresql":
-                driver = conn.connection.dbapi_connection
-                assert driver is not None, "a new connection has a driver connection"
-                # Autocommit: each write is one round trip, no BEGIN/COMMIT.
-                driver.autocommit = True
-                # Status updates do not wait for the WAL flush: a database crash may lose the
-                # last fraction of a second of them (a row then shows an earlier status; claims
-                # and run rows, written by beat, stay fully durable). This halves the ledger's
-                # cost per task and keeps it flat while other writers keep the disk busy. The
-                # statement timeout bounds how long a task can wait on a ledger write (a row
-                # locked by a stuck transaction).
-                driver.execute("SET synchronous_commit = off; SET statement_timeout = 5000")
-            else:
-                # As synchronous_commit=off above: a power loss may lose the last status
-                # updates, never a claim (beat's commits stay FULL).
-                sqlite = conn.connection.dbapi_connection
-                assert sqlite is not None, "a new connection has a driver connection"
-                sqlite.execute("PRAGMA synchronous=NORMAL")
+            self.database.dialect.ledger_connection(conn)
         except Exception as exc:
             if conn is not None:
                 self._local.conn = conn
@@ -239,7 +204,7 @@ class RunWriter:
                         runs.c.status == sa.literal_column(f"'{Status.STARTED.value}'"),
                         runs.c.worker == sa.bindparam("l_worker", type_=sa.Text),
                     )
-                    .values(worker_lease_until=self._lease_until())
+                    .values(worker_lease_until=self.database.dialect.ledger_lease_until())
                     .returning(runs.c.id)
                 )
             elif shape == _DUPLICATE:
@@ -257,22 +222,10 @@ class RunWriter:
             self._statements[shape] = stmt
         return stmt
 
-    def _clock(self) -> sa.ColumnElement[Any]:
-        """The database's clock as the statement runs (SQLite's: this host's, bound)."""
-        if self.database.dialect == "postgresql":
-            return sa.func.clock_timestamp(type_=sa.DateTime(timezone=True))
-        return sa.bindparam("l_clock", type_=runs.c.worker_lease_until.type)
-
-    def _lease_until(self) -> sa.ColumnElement[Any]:
-        """The end of a worker lease taken now."""
-        if self.database.dialect == "postgresql":
-            return self._clock() + sa.bindparam("l_lease", type_=sa.Interval)
-        return sa.bindparam("l_lease_until", type_=runs.c.worker_lease_until.type)
-
     def _held(self) -> sa.ColumnElement[bool]:
         """Whether the row's worker lease runs (a start claim that has not lapsed)."""
         until = runs.c.worker_lease_until
-        return sa.and_(until.is_not(None), until >= self._clock())
+        return sa.and_(until.is_not(None), until >= self.database.dialect.ledger_clock())
 
     def _update(
         self,
@@ -320,7 +273,7 @@ class RunWriter:
                 started_at=now,
                 worker=sa.bindparam("l_worker", type_=sa.Text),
                 retries=sa.bindparam("l_retries", type_=sa.Integer),
-                worker_lease_until=self._lease_until(),
+                worker_lease_until=self.database.dialect.ledger_lease_until(),
             )
         elif stamp is Stamp.RETRY:
             values.update(
@@ -328,15 +281,7 @@ class RunWriter:
                 reason=sa.bindparam("l_reason", type_=sa.Text),
             )
         else:
-            if self.database.dialect == "postgresql":
-                seconds: Any = sa.extract(
-                    "epoch", sa.cast(now, sa.DateTime(timezone=True)) - started
-                )
-            else:
-                # julianday() is a double of days: about 10 us of noise, so keep milliseconds.
-                seconds = sa.func.round(
-                    (sa.func.julianday(now) - sa.func.julianday(started)) * 86400.0, 3
-                )
+            seconds = self.database.dialect.seconds_between(now, started)
             values.update(
                 finished_at=now,
                 started_at=started,

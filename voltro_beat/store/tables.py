@@ -67,6 +67,15 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def instant(value: Any) -> datetime:
+    """A clock reading or stored instant as an aware UTC datetime (SQLite returns text where
+    SQLAlchemy cannot see a column type, and naive datetimes where it can)."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    assert isinstance(value, datetime)
+    return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+
+
 #: Runs that are not finished: on their way, running, or waiting behind a predecessor.
 LIVE = sql_in(UNFINISHED)
 #: Runs a replica holds under a lease, to publish (the recovery sweep's partial index).
