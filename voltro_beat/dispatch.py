@@ -102,9 +102,9 @@ class Dispatcher:
         self.broker_down = False
         #: The broker refused messages of the last write (a warning says so once).
         self.refusing = False
-        #: Set by :meth:`close`, which Celery's SIGTERM handler may run in the middle of a tick:
-        #: whatever that tick does next writes nothing to the broker.
-        self.closed = False
+        #: Nothing more is written to the broker: set by :meth:`close`, and by the engine when
+        #: a close is asked for in the middle of its step (the rest of the step writes nothing).
+        self.halted = False
         #: Marks and lease renewals run here (threads, or a simulation's runner).
         self.runner = runner or Threads()
         #: Runs per fence and broker write (:data:`CHUNK`; a simulation makes it small).
@@ -145,7 +145,7 @@ class Dispatcher:
         complete = True
         try:
             for fenced in chunks:
-                if self.closed:
+                if self.halted:
                     complete = False
                     break
                 if not self._holds(fenced):
@@ -189,7 +189,7 @@ class Dispatcher:
 
     def close(self) -> None:
         """Write nothing more; finish the mark under way and settle what was marked."""
-        self.closed = True
+        self.halted = True
         self.runner.shutdown()
         try:
             self.flush()

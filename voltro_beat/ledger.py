@@ -208,12 +208,19 @@ class Verdict(StrEnum):
     WAIT = "wait"
 
 
+#: Runs that ended for good: their body ran to its end (succeeded or failed: Celery
+#: acknowledged it, a later delivery is a duplicate; a task that wants another try retries),
+#: or they were stopped on purpose (revoked, rejected, skipped by their overlap policy). Of the
+#: terminal statuses only beat's ``missed`` may still see its message run.
+ENDED = TERMINAL - {Status.MISSED}
+
+
 def second_delivery(state: RunState | None, attempt: int) -> Verdict:
     """The verdict on a delivery of ``attempt`` whose start left a row in ``state`` unmoved
     (None: no row, which the guard cannot judge)."""
     if state is None:
         return Verdict.RUN
-    if state.status == Status.SUCCEEDED:
+    if state.status in ENDED:
         return Verdict.SKIP
     if state.status in ON_WORKER and state.retries > attempt:
         return Verdict.SKIP

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from datetime import timedelta
-from importlib.metadata import version
 from typing import Any
 
 from celery import beat
@@ -21,16 +20,14 @@ from voltro_beat import logs, retention
 from voltro_beat.beat_schedule import BeatSchedule, load_schedule
 from voltro_beat.clock import Clock
 from voltro_beat.config import Settings
-from voltro_beat.engine import CLOSE_WAIT, Engine, upkeep
+from voltro_beat.engine import CLOSE_WAIT, Engine
 from voltro_beat.engine.guard import DEFAULT_OVERLAP_TIMEOUT
 from voltro_beat.exceptions import ConfigurationError, StoreError
-from voltro_beat.membership import Membership
 from voltro_beat.metrics import Metrics
 from voltro_beat.publisher import Publisher
 from voltro_beat.schedules import Entry
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database
-from voltro_beat.store.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +111,6 @@ class VoltroScheduler(beat.Scheduler):
         settings = Settings.resolve(self.app.conf, overrides=self._overrides)
         schedule = load_schedule(self.app, settings)
         entries = list(schedule.entries.values())
-        policies = upkeep.policies(settings, entries)
         database = Database.open(settings.store_url)
         clock = Clock(database.clock_mode(settings.clock), local=lambda: database.clock())
         store = BeatStore(database, replica=settings.replica)
@@ -128,10 +124,6 @@ class VoltroScheduler(beat.Scheduler):
             store=store,
             publisher=self.publisher_class(self.app, write_timeout=settings.publish_timeout * 3),
             clock=clock,
-            membership=Membership(
-                Registry(database), clock, settings, schedule.entries, version("voltro-beat")
-            ),
-            retention=policies,
             overlap_timeouts={
                 entry.name: self._overlap_timeout(entry)
                 for entry in entries
@@ -186,13 +178,14 @@ class VoltroScheduler(beat.Scheduler):
         if self._closed or not self._configured:
             self._closed = True
             return
+        if not self._engine.close(wait=self.close_wait):
+            # Celery's SIGTERM handler, in the middle of a tick: beat's service closes again
+            # once the tick unwound (Engine.close).
+            return
         self._closed = True
-        try:
-            self._engine.close(wait=self.close_wait)
-        finally:
-            self._engine.publisher.reset()
-            self._store.close()
-            self._metrics.close()
+        self._engine.publisher.reset()
+        self._store.close()
+        self._metrics.close()
 
 
 #: The exit code of a beat whose configuration is invalid (``EX_CONFIG`` of sysexits.h).

@@ -562,9 +562,10 @@ def test_each_chunk_is_marked_once_the_broker_took_it(
 def test_close_in_the_middle_of_a_write_marks_it_and_writes_nothing_more(
     replicas: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Celery's SIGTERM handler runs the scheduler's close() wherever the tick happens to be.
-    The write under way is still marked (else recovery sends it again), and the tick, should
-    it go on, writes nothing more: the rest stays claimed for another replica's recovery."""
+    """Celery's SIGTERM handler runs the scheduler's close() wherever the tick happens to be
+    (then raises SystemExit; beat's service closes again once the tick unwound). The write
+    under way is still marked (else recovery sends it again), and the tick, should it go on,
+    writes nothing more: the rest stays claimed until the close that follows the tick."""
     r1 = three_fenced_ahead(replicas, monkeypatch)
     publish = r1._engine.publisher.publish
 
@@ -581,6 +582,47 @@ def test_close_in_the_middle_of_a_write_marks_it_and_writes_nothing_more(
     assert now[sent[0]].status == "published"
     left = [r for k, r in now.items() if k != sent[0]]
     assert [(r.status, r.published_at) for r in left] == [("claimed", None)] * 2
+
+
+def test_close_asked_in_the_middle_of_a_tick_waits_for_its_end(
+    replicas: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the simulation (tests/sim, seeds 16 and 24 before the fix): Celery's SIGTERM
+    handler ran the whole close() on top of the tick, here in the middle of the claim's
+    transaction. On SQLite its own statements then waited for the write lock the tick held,
+    for the busy timeout, and every other replica and worker waited behind it (a worker's
+    ledger write failed). close() now only halts the tick's writes; the close that comes once
+    the tick unwound (beat's service, after SystemExit) does the rest."""
+    monkeypatch.setattr("voltro_beat.store.sqlite.SQLITE_BUSY_MS", 2_000)
+    r1 = replicas("r1")
+    claim = r1._store.claim
+    waited: list[float] = []
+
+    def stopped_while_claiming(*args: Any, **kwargs: Any) -> Any:
+        with r1._store.database.connect() as conn, conn.begin():
+            conn.execute(sa.text("UPDATE _voltro_beat_replicas SET pid = pid"))  # the lock
+            started = time.monotonic()
+            r1.close()  # Celery's handler; SystemExit would follow
+            waited.append(time.monotonic() - started)
+            raise SystemExit()
+
+    tick(r1, sec(0))  # boots; the occurrence at 10:00:01 is claimed at the next tick
+    monkeypatch.setattr(r1._store, "claim", stopped_while_claiming)
+    with pytest.raises(SystemExit):
+        tick(r1, sec(0.9))
+    assert waited[0] < 1.0
+    assert "r1" in replicas_in(store_url)  # not closed yet
+    monkeypatch.setattr(r1._store, "claim", claim)
+    r1.close()  # beat's service, once the tick unwound
+    assert "r1" not in replicas_in(store_url)
+
+
+def replicas_in(store_url: str) -> list[str]:
+    engine = sa.create_engine(store_url)
+    with engine.connect() as conn:
+        found = list(conn.execute(sa.text("SELECT name FROM _voltro_beat_replicas")).scalars())
+    engine.dispose()
+    return found
 
 
 def test_close_publishes_the_occurrences_it_claimed_ahead(replicas: Any, store_url: str) -> None:

@@ -402,6 +402,22 @@ def test_duplicate_delivery_does_not_run_the_body_again(ledger: Ledger, lane: La
     assert ledger.row(p.key) == {**done, "duplicates": 1}
 
 
+def test_a_duplicate_delivery_after_a_failure_does_not_run_the_body_again(
+    ledger: Ledger, lane: Lane
+) -> None:
+    """Found by the simulation (tests/sim, seed 16): a second message of an occurrence whose
+    body had failed ran the body again, and the row kept saying ``failed`` whatever the rerun
+    did. A failed run ended like a succeeded one: the duplicate is skipped. Fails without it:
+    states == ["FAILURE", "FAILURE"], runs == 2."""
+    p = ledger.publish("failed-duplicate", "ledger.boom", queue=lane.queue)
+    done = ledger.wait_status(p, "failed")
+    ledger.send(p, queue=lane.queue)
+    wait_for("the second delivery", lambda: len(ledger.states(p)) == 2)
+    assert ledger.states(p) == ["FAILURE", "IGNORED"]
+    assert ledger.runs(p) == 1
+    assert ledger.row(p.key) == {**done, "duplicates": 1}
+
+
 def test_a_second_delivery_while_the_first_runs_does_not_run_the_body(
     ledger: Ledger, lane: Lane
 ) -> None:

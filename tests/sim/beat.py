@@ -10,7 +10,6 @@ the replica's runner.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from tests.sim.broker import SimBroker
@@ -19,11 +18,9 @@ from tests.sim.store import SimStore, StoreFaults
 from tests.sim.world import World
 from voltro_beat.clock import Clock, ClockMode
 from voltro_beat.config import Settings
-from voltro_beat.engine import Engine, upkeep
+from voltro_beat.engine import CLOSE_WAIT, Engine
 from voltro_beat.engine.guard import DEFAULT_OVERLAP_TIMEOUT
-from voltro_beat.membership import Membership
 from voltro_beat.schedules import parse_entries
-from voltro_beat.store.registry import Registry
 
 #: Celery beat's longest sleep between ticks (``beat_max_loop_interval``).
 MAX_INTERVAL = 5.0
@@ -65,10 +62,6 @@ class SimReplica:
             store=beat_store,
             publisher=broker.publisher(process, settings.publish_timeout * 3),
             clock=self.clock,
-            membership=Membership(
-                Registry(beat_store.database), self.clock, settings, entries, "sim"
-            ),
-            retention=upkeep.policies(settings, list(entries.values())),
             overlap_timeouts={
                 e.name: e.overlap_timeout or DEFAULT_OVERLAP_TIMEOUT
                 for e in entries.values()
@@ -100,10 +93,6 @@ class SimReplica:
         raise SystemExit()
 
     def _close(self) -> None:
-        """``VoltroScheduler.close``."""
-        if self.engine.closed:
-            return
-        try:
-            self.engine.close(wait=timedelta(seconds=3))
-        finally:
+        """``VoltroScheduler.close``: the engine's close, deferred in the middle of a step."""
+        if not self.engine.closed and self.engine.close(wait=CLOSE_WAIT):
             self.store.close()

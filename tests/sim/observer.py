@@ -139,7 +139,7 @@ class Observer:
                     "executed twice",
                     key,
                     f"started on {worker.name} after its execution on {other.worker} "
-                    f"finished at {other.end:.4f}",
+                    f"ended ({'succeeded' if other.ok else 'failed'}) at {other.end:.4f}",
                 )
             elif self.workers[other.worker].alive:
                 self.violate(

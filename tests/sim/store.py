@@ -53,6 +53,8 @@ class SimStore:
         self.observer = observer
         self.url = f"sqlite:///{path}"
         self.holder: sqlite3.Connection | None = None
+        #: Statements run at once, without faults: opening a connection outside the timeline.
+        self._setup = False
         self._free = Condition(world)
         self.faults: dict[str, StoreFaults] = {}
         self._connections: dict[str, list[sqlite3.Connection]] = {}
@@ -64,12 +66,20 @@ class SimStore:
     def database(self, process: Process, faults: StoreFaults | None = None) -> Database:
         """``process``'s own :class:`Database` on the shared file."""
         self.faults[process.name] = faults or StoreFaults()
-        return Database.open(
+        database = Database.open(
             self.url,
             clock=self.world.now,
             monotonic=process.monotonic,
             sqlite_connection=self._connection_class(process),
         )
+        # SQLAlchemy runs a pool's first connect under a thread lock: done by two greenlets at
+        # once it would deadlock the thread. Here, outside the timeline, it takes no time.
+        self._setup = True
+        try:
+            database.engine.connect().close()
+        finally:
+            self._setup = False
+        return database
 
     def store(self, process: Process, replica: str, faults: StoreFaults | None = None) -> BeatStore:
         return ObservedStore(self, process, self.database(process, faults), replica=replica)
@@ -126,6 +136,8 @@ class SimStore:
     # -- one statement ---------------------------------------------------------------------
 
     def _before(self, process: Process, conn: sqlite3.Connection, sql: str) -> None:
+        if self._setup:
+            return
         if not process.alive:
             raise Killed()
         if greenlet.getcurrent().parent is None:
@@ -143,6 +155,8 @@ class SimStore:
         self._record(process, ok=True)
 
     def _after(self, process: Process) -> None:
+        if self._setup:
+            return
         self.world.sleep(self._latency(self.faults[process.name]))
 
     def _latency(self, faults: StoreFaults) -> float:

@@ -105,8 +105,10 @@ def test_a_redelivery_starts_again_once_the_first_lease_lapsed() -> None:
         (RunState("started", 1, held=True), 1, ledger.Verdict.WAIT),
         (RunState("claimed"), 0, ledger.Verdict.WAIT),
         (RunState("missed"), 0, ledger.Verdict.WAIT),
-        (RunState("failed"), 0, ledger.Verdict.RUN),
-        (RunState("revoked"), 0, ledger.Verdict.RUN),
+        (RunState("failed"), 0, ledger.Verdict.SKIP),
+        (RunState("revoked"), 0, ledger.Verdict.SKIP),
+        (RunState("rejected"), 0, ledger.Verdict.SKIP),
+        (RunState("skipped"), 0, ledger.Verdict.SKIP),
         (RunState("queued"), 0, ledger.Verdict.RUN),
     ],
 )

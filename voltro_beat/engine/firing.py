@@ -20,14 +20,15 @@ from __future__ import annotations
 import collections
 import heapq
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from importlib.metadata import version
 
 from voltro_beat import logs, retention
 from voltro_beat.clock import Clock
 from voltro_beat.config import Settings
 from voltro_beat.dispatch import Dispatcher, Fenced
-from voltro_beat.engine import recovery
+from voltro_beat.engine import recovery, upkeep
 from voltro_beat.engine.guard import Guard
 from voltro_beat.engine.recorder import Recorder, graces, run_of
 from voltro_beat.engine.timeline import Pending, Timeline
@@ -42,6 +43,7 @@ from voltro_beat.runs import Run
 from voltro_beat.schedules import Entry
 from voltro_beat.status import Reason, Status
 from voltro_beat.store.beat import BeatStore
+from voltro_beat.store.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -80,18 +82,20 @@ class Engine:
         store: BeatStore,
         publisher: Publisher,
         clock: Clock,
-        membership: Membership,
-        retention: Sequence[retention.Policy],
         overlap_timeouts: Mapping[str, timedelta],
         metrics: Metrics | None = None,
         runner: Runner | None = None,
     ) -> None:
+        """Raises :class:`~voltro_beat.exceptions.ConfigurationError` for settings or entries
+        the retention policies contradict (:func:`voltro_beat.engine.upkeep.policies`)."""
         self.settings = settings
         self.entries = entries
         self.store = store
         self.publisher = publisher
         self.clock = clock
-        self.membership = membership
+        self.membership = membership = Membership(
+            Registry(store.database), clock, settings, entries, version("voltro-beat")
+        )
         self.metrics = metrics or Metrics()
         #: How long a claim (or a fenced publish) is this replica's alone: after it, recovery
         #: may take the run over (``voltro_beat_publish_timeout``).
@@ -116,11 +120,13 @@ class Engine:
             overlap_timeouts.keys(),
             lambda: membership.yielded,
         )
-        self.sweeper = Sweeper(store, membership, retention)
+        self.sweeper = Sweeper(store, membership, upkeep.policies(settings, entries.values()))
         self.health = Health(settings.health_file, self.metrics, store, clock)
         self.booted = False
-        #: Set by :meth:`close`, which Celery's SIGTERM handler may run in the middle of a step.
+        #: Set by :meth:`close`.
         self.closed = False
+        #: Whether a step is under way (a close() asked for meanwhile waits for its end).
+        self._stepping = False
         #: Occurrences this replica won, by instant: fenced shortly before it, published at it.
         self._ready: list[tuple[datetime, str, Occurrence]] = []
         #: Fenced chunks, oldest instant first: published when their instant comes.
@@ -148,6 +154,13 @@ class Engine:
 
     def attempt(self) -> datetime:
         """:meth:`step`, raising what it would log (the test plugin wants to see it)."""
+        self._stepping = True
+        try:
+            return self._attempt()
+        finally:
+            self._stepping = False
+
+    def _attempt(self) -> datetime:
         clock = self.clock
         self.dispatch.flush()
         if not self.booted:
@@ -187,7 +200,7 @@ class Engine:
 
     def recover(self) -> None:
         """One recovery sweep (:mod:`voltro_beat.engine.recovery`)."""
-        if self.closed:  # close() ran from Celery's SIGTERM handler in the middle of this step
+        if self.dispatch.halted:  # close() was asked for in the middle of this step
             return
         recovery.recover(
             self.store, self.dispatch, self.membership, self.entries.keys(), self.metrics
@@ -322,13 +335,26 @@ class Engine:
 
     # -- stopping -------------------------------------------------------------------------
 
-    def close(self, wait: timedelta = CLOSE_WAIT) -> None:
+    def close(self, wait: timedelta = CLOSE_WAIT) -> bool:
         """Publish what is claimed and due within ``wait`` (waiting on the runner), leave
         the registry, then stop the dispatcher; safe to call more than once. The publisher
-        and the store are the caller's to release."""
+        and the store are the caller's to release. Returns whether it closed.
+
+        Called in the middle of a step (Celery's SIGTERM handler runs the scheduler's close()
+        on top of whatever the main thread is doing, then raises ``SystemExit``), it only
+        halts the dispatcher, so that the rest of the step writes nothing to the broker, and
+        returns False: beat's service closes the scheduler again once the step unwound.
+        Closing on top of the step would wait on what the step holds: its open transaction
+        (on SQLite every process then waits behind it for the busy timeout) and its marks.
+        """
         if self.closed:
-            return
+            return True
+        if self._stepping:
+            self.dispatch.halted = True
+            return False
         self.closed = True
+        # The step a deferred close() interrupted has unwound: what is due now goes out.
+        self.dispatch.halted = False
         try:
             self._flush_ready(wait)
             if self.booted:
@@ -337,6 +363,7 @@ class Engine:
             logger.warning("voltro_beat: could not finish cleanly: %s", exc)
         finally:
             self.dispatch.close()
+        return True
 
     def _flush_ready(self, wait: timedelta) -> None:
         """Publish the occurrences claimed ahead, each at its instant, waiting at most

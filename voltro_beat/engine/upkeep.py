@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 STORE_DOWN_REPEAT = 30.0
 
 
-def policies(settings: Settings, entries: Sequence[Entry]) -> list[retention.Policy]:
+def policies(settings: Settings, entries: Iterable[Entry]) -> list[retention.Policy]:
     """The retention policies of the framework's tables and the registered ones; raises
     :class:`ConfigurationError` for an entry whose lateness the runs' retention would cut
     short (the run row is the long fence: it must outlive any occurrence still due)."""

@@ -1,0 +1,166 @@
+"""``python -m tests.sim``: run the simulation over many seeds, or replay one.
+
+    python -m tests.sim --seeds 10000 --jobs 2     # the long mode: seeds 1..10000
+    python -m tests.sim --seeds 200 --first 5000   # seeds 5000..5199
+    python -m tests.sim --seed 1234                # replay one seed, with its trace
+    python -m tests.sim --budget 180               # fresh random seeds for 180 s (CI)
+
+Prints a summary (seeds, steps, faults injected by kind, violations); for each failing seed
+the violations, a minimal trace (the events of the first violation's occurrence and the
+faults) and the command that replays it. Exits 1 if any seed failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing
+import os
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from tests.sim.scenario import Result, simulate
+
+#: Trace events shown for every failing seed, whatever occurrence they concern.
+FAULT_KINDS = {"killed", "paused", "sigterm", "boots", "exited", "crash", "requeues", "fault"}
+
+
+@dataclass
+class Summary:
+    seeds: int = 0
+    steps: int = 0
+    occurrences: int = 0
+    deliveries: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    violations: Counter[str] = field(default_factory=Counter)
+    failed: list[Result] = field(default_factory=list)
+
+    def add(self, result: Result) -> None:
+        self.seeds += 1
+        self.steps += result.steps
+        self.occurrences += result.occurrences
+        self.deliveries += result.deliveries
+        self.faults.update(result.faults)
+        self.violations.update(v.kind for v in result.violations)
+        if result.crashes:
+            self.violations["crash"] += len(result.crashes)
+        if not result.ok:
+            self.failed.append(result)
+
+
+def minimal_trace(result: Result, limit: int = 60) -> list[str]:
+    """The events of the first violation's occurrence, and the faults around them."""
+    key = result.violations[0].key if result.violations else None
+    lines = [
+        str(e)
+        for e in result.trace
+        if (key is not None and key in e.keys)
+        or (e.kind in FAULT_KINDS and not e.detail.startswith("statement failed"))
+    ]
+    if len(lines) > limit:
+        cut = f"   ... {len(lines) - limit} more ..."
+        lines = [*lines[: limit // 2], cut, *lines[-limit // 2 :]]
+    return lines
+
+
+def report(result: Result, *, trace: bool = True) -> str:
+    out = [
+        f"seed {result.seed}: {len(result.violations)} violations, {len(result.crashes)} crashes"
+    ]
+    out += [f"  {v}" for v in result.violations[:10]]
+    if len(result.violations) > 10:
+        out.append(f"  ... {len(result.violations) - 10} more")
+    out += [f"  crash: {c}" for c in result.crashes[:3]]
+    if trace:
+        out.append("  trace:")
+        out += [f"    {line}" for line in minimal_trace(result)]
+    out.append(f"  replay: .venv/bin/python -m tests.sim --seed {result.seed}")
+    return "\n".join(out)
+
+
+def _one(seed: int) -> Result:
+    return simulate(seed)
+
+
+def _seeds(args: argparse.Namespace) -> Iterator[int]:
+    if args.seed is not None:
+        yield args.seed
+        return
+    if args.budget is not None:
+        rng = random.Random()
+        end = time.monotonic() + args.budget
+        while time.monotonic() < end:
+            yield rng.randrange(1, 2**31)
+        return
+    yield from range(args.first, args.first + args.seeds)
+
+
+def run(args: argparse.Namespace) -> Summary:
+    summary = Summary()
+    started = time.monotonic()
+    seeds = _seeds(args)
+    if args.jobs > 1 and args.seed is None:
+        with multiprocessing.get_context("fork").Pool(args.jobs, maxtasksperchild=50) as pool:
+            for result in pool.imap_unordered(_one, seeds, chunksize=1):
+                _tally(summary, result, args)
+    else:
+        for seed in seeds:
+            _tally(summary, _one(seed), args)
+    summary.__dict__["wall"] = time.monotonic() - started
+    return summary
+
+
+def _tally(summary: Summary, result: Result, args: argparse.Namespace) -> None:
+    summary.add(result)
+    if not result.ok:
+        print(report(result, trace=True), flush=True)
+    elif args.seed is not None and args.trace:
+        print("\n".join(str(e) for e in result.trace))
+    if args.progress and summary.seeds % args.progress == 0:
+        print(
+            f"... {summary.seeds} seeds, {len(summary.failed)} failed",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def print_summary(summary: Summary) -> None:
+    wall = summary.__dict__.get("wall", 0.0)
+    print(
+        f"seeds {summary.seeds}, steps {summary.steps:,}, occurrences published "
+        f"{summary.occurrences:,}, deliveries {summary.deliveries:,}, wall {wall:.1f} s"
+    )
+    print("faults injected (seeds with each kind):")
+    for kind, n in sorted(summary.faults.items()):
+        print(f"  {kind:<28} {n}")
+    print(f"violations: {sum(summary.violations.values())}")
+    for kind, n in sorted(summary.violations.items()):
+        print(f"  {kind:<28} {n}")
+    if summary.failed:
+        print("failing seeds: " + " ".join(str(r.seed) for r in summary.failed))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.sim", description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=100, help="how many seeds (default 100)")
+    parser.add_argument("--first", type=int, default=1, help="the first seed (default 1)")
+    parser.add_argument("--seed", type=int, help="replay this one seed")
+    parser.add_argument("--budget", type=float, help="fresh random seeds for this many seconds")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--trace", action="store_true", help="with --seed: the whole trace")
+    parser.add_argument("--progress", type=int, default=0, help="a line every N seeds")
+    parser.add_argument("--log", action="store_true", help="show voltro_beat's own log")
+    args = parser.parse_args(argv)
+    if not args.log:
+        logging.disable(logging.CRITICAL)
+    summary = run(args)
+    print_summary(summary)
+    return 1 if summary.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
