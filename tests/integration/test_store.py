@@ -628,3 +628,34 @@ def test_sqlite_commits_beat_durably_and_the_ledger_relaxed(tmp_path: Any) -> No
     assert sqlite is not None
     assert sqlite.execute("PRAGMA synchronous").fetchone()[0] == 1
     writer.close()
+
+
+def test_a_connection_dropped_mid_transaction_leaves_no_sqlite_lock(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the simulation (tests/sim, seed 16): an exception such as SystemExit (Celery's
+    SIGTERM handler) raised in the middle of a statement makes SQLAlchemy drop the connection.
+    sqlite3 keeps a closed connection open while cursors of it live on (the traceback holds
+    them), and with it the transaction's write lock: the next writer, this process's own next
+    connection included, waited for the busy timeout. The connection is rolled back as it
+    closes. Fails without it: database is locked."""
+    monkeypatch.setattr("voltro_beat.store.sqlite.SQLITE_BUSY_MS", 300)
+    url = f"sqlite:///{tmp_path / 'dropped.sqlite3'}"
+    database = Database.open(url)
+    database.upgrade()
+    kept: list[Any] = []
+
+    def interrupted(*_: Any) -> None:
+        raise SystemExit()  # a signal handler's, in the middle of the statement
+
+    with pytest.raises(SystemExit), database.connect() as conn, conn.begin():
+        kept.append(conn.execute(sa.text("UPDATE _voltro_beat_replicas SET pid = pid")))
+        kept.append(conn.execute(sa.text("SELECT 1 UNION ALL SELECT 2")))  # rows still to read
+        sa.event.listen(conn, "before_cursor_execute", interrupted)
+        conn.execute(sa.text("SELECT 3"))
+    other = Database.open(url)
+    with other.connect() as conn, conn.begin():
+        conn.execute(sa.text("UPDATE _voltro_beat_replicas SET pid = pid"))
+    other.dispose()
+    database.dispose()
+    assert kept

@@ -325,3 +325,19 @@ def _configure(engine: Engine, clock: Callable[[], datetime]) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def _on_close(dbapi_conn: Any, *_: Any) -> None:
+        # A connection closed in the middle of its transaction (SQLAlchemy drops one that an
+        # exception such as SystemExit left mid-statement) whose cursors live on, in the
+        # exception's traceback, stays open inside sqlite3 until they are collected: with its
+        # write lock, which every other writer, this process's next connection included,
+        # waits for (the busy timeout). Rolled back first, it holds nothing. Found by
+        # tests/sim (seed 16).
+        try:
+            if dbapi_conn.in_transaction:
+                dbapi_conn.rollback()
+        except sqlite3.Error:
+            pass  # closing it is all that is left to do
+
+    event.listen(engine, "close", _on_close)
+    event.listen(engine, "close_detached", _on_close)
