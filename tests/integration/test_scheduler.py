@@ -617,6 +617,32 @@ def test_close_asked_in_the_middle_of_a_tick_waits_for_its_end(
     assert "r1" not in replicas_in(store_url)
 
 
+def test_close_sleeps_until_its_claimed_runs_are_due(
+    replicas: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the simulation (tests/sim, seed 18): close() waited for the runs it claimed
+    ahead in a loop that slept until the next thing due, claim times included, which close
+    makes none of: with one already past it slept 0 s again and again until close_wait ran
+    out, a busy loop (and on the simulation's virtual clock, one that never ended)."""
+    r1 = replicas("r1")
+    tick(r1, sec(0))
+    tick(r1, sec(0.9))  # s @ 10:00:01 claimed ahead
+    now = [sec(0.95)]
+    r1._store.database.clock = lambda: now[0]
+    monkeypatch.setattr(type(r1._engine.timeline), "next", property(lambda _: sec(0.5)))
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += timedelta(seconds=seconds)
+
+    monkeypatch.setattr(r1._engine.dispatch.runner, "sleep", sleep)
+    r1.close()
+    assert 0 < len(slept) <= 2
+    assert sum(slept) == pytest.approx(0.05, abs=0.01)
+    assert [h["voltro_occurrence"] for h in drain(r1.app)] == ["s@2026-01-01T10:00:01"]
+
+
 def replicas_in(store_url: str) -> list[str]:
     engine = sa.create_engine(store_url)
     with engine.connect() as conn:

@@ -92,6 +92,8 @@ class Observer:
         self.violations: list[Violation] = []
         self.workers: dict[str, Process] = {}
         self.deliveries = 0
+        #: Runs whose end a worker recorded in the ledger.
+        self.recorded_ends: set[str] = set()
         self.skipped_deliveries = 0
 
     def violate(self, kind: str, key: str, detail: str) -> None:
@@ -134,7 +136,12 @@ class Observer:
         world = self.world
         self.workers[worker.name] = worker
         for other in self.executions[key]:
-            if other.end is not None:
+            if other.end is not None and (
+                key in self.recorded_ends or self.workers[other.worker].alive
+            ):
+                # A worker killed after the body returned and before its outcome was
+                # recorded is a death mid-execution to the ledger: the redelivery runs once
+                # its lease lapsed (guarantee 11, docs/ledger.md).
                 self.violate(
                     "executed twice",
                     key,
@@ -154,6 +161,10 @@ class Observer:
         self.executions[key].append(execution)
         world.log(worker.name, "body starts", "", (key,))
         return execution
+
+    def ended(self, key: str) -> None:
+        """The worker recorded the end of ``key``'s run (succeeded, failed, ...)."""
+        self.recorded_ends.add(key)
 
     def finished(self, execution: Execution, ok: bool) -> None:
         execution.end = self.world.t

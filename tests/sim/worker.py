@@ -20,7 +20,9 @@ from tests.sim.runner import SimRunner
 from tests.sim.store import SimStore
 from tests.sim.world import World
 from voltro_beat import attach
+from voltro_beat.ledger import Transition
 from voltro_beat.signals import OCCURRENCE_HEADER
+from voltro_beat.status import TERMINAL
 from voltro_beat.store.run_writer import RunWriter
 
 TASK = "sim.job"
@@ -42,6 +44,21 @@ class GreenletLocal:
     def __setattr__(self, name: str, value: Any) -> None:
         values = object.__getattribute__(self, "_values")
         values.setdefault(greenlet.getcurrent(), {})[name] = value
+
+
+class ObservedWriter(RunWriter):
+    """The worker's run writer as it is, telling the observer which runs' ends it recorded."""
+
+    def __init__(self, observer: Observer, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._observer = observer
+
+    def advance(self, move: Transition, **kwargs: Any) -> bool:
+        moved = super().advance(move, **kwargs)
+        key = kwargs.get("key")
+        if moved and key is not None and move.status in TERMINAL:
+            self._observer.ended(key)
+        return moved
 
 
 class SimWorker:
@@ -89,7 +106,7 @@ class SimWorker:
             observer.finished(execution, ok=True)
 
         app.finalize()
-        writer = RunWriter(store.database(process), local=GreenletLocal)
+        writer = ObservedWriter(observer, store.database(process), local=GreenletLocal)
         attach(app, runner=SimRunner(process), now=process.wall, writer=writer)
         self.task = app.tasks[TASK]
         for i in range(concurrency):

@@ -303,7 +303,11 @@ class Engine:
 
     def _next_due(self) -> datetime:
         """The next claim time or instant to publish, whichever comes first."""
-        wake = self.timeline.next or _NEVER
+        return min(self.timeline.next or _NEVER, self._next_publish())
+
+    def _next_publish(self) -> datetime:
+        """When the occurrences won ahead next need a fence or a write."""
+        wake = _NEVER
         if self._ready:
             wake = min(wake, self._ready[0][0] - self._fence_lead)
         if self._armed:
@@ -371,7 +375,9 @@ class Engine:
         end = self.clock.monotonic() + wait.total_seconds()
         try:
             while self._ready or self._armed:
-                until = (self._next_due() - self.clock.now()).total_seconds()
+                # Not _next_due(): a claim time already past (no claims at close) would make
+                # this loop spin without sleeping. Found by tests/sim (seed 18).
+                until = (self._next_publish() - self.clock.now()).total_seconds()
                 if until > end - self.clock.monotonic():
                     break
                 self.dispatch.runner.sleep(max(0.0, until))
