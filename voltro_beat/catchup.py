@@ -34,7 +34,9 @@ class Plan:
     unrecorded_until: datetime | None = None
 
 
-def plan(entry: Entry, last: datetime | None, now: datetime, *, on_time: timedelta) -> Plan:
+def plan(
+    entry: Entry, last: datetime | None, now: datetime, *, on_time: timedelta, live: bool = False
+) -> Plan:
     """The runs of ``entry``'s occurrences after ``last`` up to ``now``, each with its fate.
 
     A schedule with no history (``last`` is None) starts from now: nothing historical fires
@@ -47,14 +49,17 @@ def plan(entry: Entry, last: datetime | None, now: datetime, *, on_time: timedel
     loaded replica claims late), so it is published whatever the policy, as that replica
     would, and the claims gate lets only one of them have it. Of the older ones, ``latest``
     publishes the newest when none is on time and records the others ``missed``; ``skip``
-    records them all ``missed``; ``all`` publishes each one.
+    records them all ``missed``; ``all`` publishes each one. And a schedule another live
+    replica runs (``live``) had no downtime at all: its occurrences are all published within
+    their lateness, late as that replica would publish them after a stall.
     """
     if last is None:
         return Plan([])
     after = max(last, now - entry.max_lateness - timedelta(microseconds=1))
     instants, unrecorded_until = newest(entry, after, now, MAX_BACKFILL)
     recent = sum(1 for at in instants if at > now - on_time)
-    sent = {"all": len(instants), "latest": max(1, recent), "skip": recent}[entry.catch_up]
+    policy = "all" if live else entry.catch_up
+    sent = {"all": len(instants), "latest": max(1, recent), "skip": recent}[policy]
     cut = max(0, len(instants) - sent)
     lateness = entry.max_lateness
     missed = [

@@ -20,7 +20,7 @@ from beat_kit import EVERY_SECOND, drain, recover, rows, sec, tick
 from celery import Celery
 
 from voltro_beat.engine import RETRY_DELAY
-from voltro_beat.exceptions import ConfigurationError
+from voltro_beat.exceptions import ConfigurationError, StoreError
 from voltro_beat.occurrences import task_id_for
 from voltro_beat.scheduler import VoltroScheduler
 
@@ -232,6 +232,34 @@ def test_a_booting_replica_leaves_a_live_replicas_occurrence_on_time(
     assert (found.status, found.reason) == ("published", None)
     sent = [h["voltro_occurrence"] for h in drain(live.app)]
     assert sent.count(key) == 1
+
+
+def test_a_booting_replica_does_not_catch_up_a_schedule_a_live_replica_runs(
+    replicas: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the simulation (tests/sim, seed 9): catch-up is for downtime, but a replica
+    that booted while the live one was held up (here its claims fail for 14 s; in the
+    simulation a paused replica held SQLite's write lock) applied the entry's catch_up policy
+    and recorded ``missed`` the occurrences the live one was about to publish late. A schedule
+    another live replica runs has no downtime: its occurrences are published within their
+    lateness, through the gate, as the live one would. Fails without it: s@2..s@5 missed."""
+    live = replicas("live")
+    tick(live, sec(0))
+    tick(live, sec(0.9))
+    tick(live, sec(1))  # s @ 10:00:01 published
+    monkeypatch.setattr(live._store, "claim", _failing)
+    tick(live, sec(15))  # its heartbeat goes through, its claims fail
+    booting = replicas("booting")
+    tick(booting, sec(16))  # catch_up = latest, publish timeout 10 s
+    found = rows(store_url)
+    held_up = [f"s@2026-01-01T10:00:{n:02d}" for n in range(2, 6)]
+    assert [found[key].status for key in held_up] == ["published"] * 4
+    sent = [h["voltro_occurrence"] for h in drain(booting.app)]
+    assert set(held_up) <= set(sent)
+
+
+def _failing(*_: Any, **__: Any) -> Any:
+    raise StoreError("store: statement timed out")
 
 
 def test_claims_are_pruned_on_win(replicas: Any, store_url: str) -> None:

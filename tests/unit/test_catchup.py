@@ -81,6 +81,14 @@ def test_an_occurrence_a_live_replica_still_covers_is_published(policy: str) -> 
     ]
 
 
+@pytest.mark.parametrize("policy", ["latest", "skip"])
+def test_a_schedule_another_live_replica_runs_had_no_downtime(policy: str) -> None:
+    # Found by tests/sim (seed 9): the live replica was held up, not down; what it did not
+    # claim yet it publishes late, within max_lateness, and so does the booting replica.
+    made = plan(entry(catch_up=policy), at(20), NOW, on_time=timedelta(seconds=10), live=True)
+    assert fates(made) == [(t, "claimed", None) for t in (at(15), at(10), at(5), NOW)]
+
+
 def test_nothing_new_since_the_last_run() -> None:
     # Last recorded at 11:59:55; the next instant, 12:00:00, is not due at 11:59:59.
     assert plan(entry(), at(5), at(1), on_time=ZERO) == Plan([])
