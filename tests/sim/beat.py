@@ -53,6 +53,11 @@ class SimReplica:
             )
         }
         self.entries = entries
+        #: When (virtual seconds) it booted (its first step that went through), and when each
+        #: step that went through started and ended: what it had due when it started, it
+        #: recorded; its heartbeat, due or not, was at most an interval older than its start.
+        self.booted_at: float | None = None
+        self.steps: list[tuple[float, float]] = []
         beat_store = store.store(process, name, faults)
         self.store = beat_store
         self.clock = Clock(ClockMode.DATABASE, local=process.wall, monotonic=process.monotonic)
@@ -70,6 +75,15 @@ class SimReplica:
             runner=SimRunner(process),
         )
         self.engine.dispatch.chunk = chunk
+        #: When it joined the registry (its catch-up follows, on what the registry said).
+        self.joined_at: float | None = None
+        join = self.engine.membership.join
+
+        def joined() -> None:
+            join()
+            self.joined_at = world.t
+
+        self.engine.membership.join = joined  # type: ignore[method-assign]
         process.on_sigterm = self._on_sigterm
         process.spawn(self._serve, "beat", main=True)
         world.log(name, "boots", f"{len(entries)} schedules")
@@ -78,7 +92,12 @@ class SimReplica:
         """Celery's ``beat.Service.start``."""
         try:
             while True:
+                started = self.world.t
                 wake = self.engine.step()
+                if self.engine.booted and self.engine.health.down_since is None:
+                    self.steps.append((started, self.world.t))
+                    if self.booted_at is None:
+                        self.booted_at = self.world.t
                 delay = (wake - self.clock.now()).total_seconds()
                 self.world.sleep(max(0.0, min(delay, MAX_INTERVAL)))
         except SystemExit:

@@ -16,12 +16,14 @@ The per-step invariants (executed twice, published or started early) are the obs
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
+from tests.sim.beat import SimReplica
 from tests.sim.observer import Observer, instant_of
 from tests.sim.world import Process, World
 from voltro_beat.occurrences import next_after
@@ -29,41 +31,19 @@ from voltro_beat.schedules import Entry
 from voltro_beat.status import Reason, Status
 from voltro_beat.store.tables import runs
 
-#: A run row must exist when replicas could act for this long within its lateness.
-ABLE_FOR = 2.0
 #: The share of a lease within which a mark after the broker's acceptance cannot be late.
 MARK_IN_TIME = 0.75
 
 
 @dataclass
-class Able:
-    """When a beat replica could record and publish: booted, alive, not paused, store up."""
-
-    process: Process
-    booted_at: float | None
-    outages: list[tuple[float, float]]
-    schedules: frozenset[str]
-
-    def at(self, t: float) -> bool:
-        p = self.process
-        return (
-            self.booted_at is not None
-            and self.booted_at <= t
-            and (p.died_at is None or t < p.died_at)
-            and not p.paused_at(t)
-            and not any(a <= t < b for a, b in self.outages)
-        )
-
-
-@dataclass
 class Expectations:
-    """What the run promised: its schedules, window and lease."""
+    """What the run promised: its schedules, window and lease, and its replicas."""
 
     entries: Mapping[str, Entry]
     lease: float
     #: Instants after this (virtual seconds) are too recent to judge.
     judged_until: float
-    replicas: list[Able] = field(default_factory=list)
+    replicas: list[SimReplica] = field(default_factory=list)
     #: Schedules whose definition changed in a rolling deploy.
     changed: frozenset[str] = frozenset()
 
@@ -123,24 +103,33 @@ def _rows(
             status is Status.MISSED
             and row.reason == Reason.CATCH_UP
             and row.schedule not in expect.changed
-            and _healthy_around(world, expect, row.schedule, _t(world, instant_of(key)))
         ):
-            violate(
-                "missed while a replica was live",
-                key,
-                "recorded missed (catch_up) though a healthy replica ran its schedule from "
-                "before its instant to a lease after it",
-            )
+            live = _live_at_boot(world, expect, row.schedule, row.replica)
+            if live is not None:
+                violate(
+                    "missed while a replica was live",
+                    key,
+                    f"recorded missed (catch_up) by {row.replica}, which booted while {live} "
+                    "ran its schedule (catch-up is for downtime)",
+                )
 
 
-def _healthy_around(world: World, expect: Expectations, schedule: str, t: float) -> bool:
-    start, end = t - 1.0, t + expect.lease + 1.0
-    for able in expect.replicas:
-        if schedule in able.schedules and all(
-            able.at(start + i * 0.05) for i in range(int((end - start) / 0.05) + 1)
-        ):
-            return True
-    return False
+def _live_at_boot(world: World, expect: Expectations, schedule: str, booting: str) -> str | None:
+    """A replica that ran ``schedule`` and that the registry showed live when ``booting``
+    joined it: a step of it went through between a lease (less a heartbeat) and a moment
+    before that join."""
+    joined = next((r.joined_at for r in expect.replicas if r.name == booting), None)
+    if joined is None:
+        return None
+    heartbeat = min(expect.lease / 4, 1.0)
+    start, end = joined - expect.lease + heartbeat + 0.1, joined - 0.1
+    for replica in expect.replicas:
+        if replica.name == booting or schedule not in replica.entries:
+            continue
+        i = bisect.bisect_left(replica.steps, (start,))
+        if any(e <= end for _, e in replica.steps[i : i + 50]):
+            return replica.name
+    return None
 
 
 def _nothing_lost(
@@ -156,17 +145,18 @@ def _nothing_lost(
         entry = expect.entries.get(name)
         if entry is None or entry.trigger != "beat":
             continue
-        lateness = entry.max_lateness.total_seconds()
         at: datetime | None = start
         while at is not None and at <= until:
             key = _key(name, at)
-            if key not in rows and _able_for(expect, name, _t(world, at), lateness):
-                observer.violate(
-                    "lost",
-                    key,
-                    "no run row, though a replica running this schedule was up for "
-                    f"{ABLE_FOR:g} s within its lateness ({lateness:g} s)",
-                )
+            if key not in rows:
+                holder = _had_it(expect, name, _t(world, at))
+                if holder is not None:
+                    observer.violate(
+                        "lost",
+                        key,
+                        f"no run row, though {holder} had it on its timeline and completed a "
+                        "step a lease after its instant",
+                    )
             at = next_after(entry.spec, at)
 
 
@@ -176,17 +166,19 @@ def _key(name: str, at: datetime) -> str:
     return occurrence_key(name, at)
 
 
-def _able_for(expect: Expectations, schedule: str, t: float, lateness: float) -> bool:
-    step = 0.1
-    able = 0.0
-    u = t
-    while u < t + lateness - 1.0:
-        if any(schedule in a.schedules and a.at(u) for a in expect.replicas):
-            able += step
-            if able >= ABLE_FOR:
-                return True
-        u += step
-    return False
+def _had_it(expect: Expectations, schedule: str, t: float) -> str | None:
+    """A replica that had the occurrence of ``schedule`` at ``t`` on its timeline (it ran the
+    schedule and had booted before ``t``) and completed a step a lease after it (when even a
+    schedule yielded to a newer replica's definition is recorded): it must have recorded it."""
+    for replica in expect.replicas:
+        if (
+            schedule in replica.entries
+            and replica.booted_at is not None
+            and replica.booted_at < t
+            and bisect.bisect_left(replica.steps, (t + expect.lease + 0.1,)) < len(replica.steps)
+        ):
+            return replica.name
+    return None
 
 
 def _second_messages(world: World, observer: Observer, expect: Expectations) -> None:

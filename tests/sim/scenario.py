@@ -21,7 +21,7 @@ from typing import Any
 from tests.sim import invariants
 from tests.sim.beat import SimReplica
 from tests.sim.broker import BrokerFaults, SimBroker
-from tests.sim.invariants import Able, Expectations
+from tests.sim.invariants import Expectations
 from tests.sim.observer import Observer, Violation
 from tests.sim.store import SimStore, StoreFaults
 from tests.sim.worker import TASK, SimWorker
@@ -168,7 +168,6 @@ def _run(world: World, observer: Observer, path: str) -> Result:
     faulty = 45.0
     calm = max(lateness, 15.0) + 4 * lease + 20.0
     replicas: list[SimReplica] = []
-    able: list[Able] = []
     slots = rng.randint(1, 4)
     incarnation = Counter[int]()
     changed: set[str] = set()
@@ -210,13 +209,7 @@ def _run(world: World, observer: Observer, path: str) -> Result:
             drift=drift,
         )
         replicas.append(replica)
-        able.append(Able(replica.process, None, f.outages, frozenset(replica.entries)))
         return replica
-
-    def watch_boots() -> None:
-        for replica, a in zip(replicas, able, strict=True):
-            if a.booted_at is None and replica.engine.booted:
-                a.booted_at = world.t
 
     for slot in range(slots):
         at = rng.uniform(0.0, 3.0)
@@ -331,13 +324,13 @@ def _run(world: World, observer: Observer, path: str) -> Result:
 
     world.calm_at = faulty
     _at(world, faulty, ensure_alive)
-    world.run(faulty + calm, on_step=watch_boots)
+    world.run(faulty + calm)
     settle = 3 * lease + max_duration + conf["voltro_beat_worker_lease"] + 6.0
     expect = Expectations(
         entries={name: e for r in replicas for name, e in r.entries.items()},
         lease=lease,
         judged_until=faulty + calm - settle,
-        replicas=able,
+        replicas=replicas,
         changed=frozenset(changed),
     )
     invariants.check(world, observer, store.url, expect)

@@ -124,10 +124,7 @@ class Process:
         """Deliver SIGTERM: at the main greenlet's yield point, or once it stops holding."""
         if not self.alive or self.main is None or self.main.dead:
             return
-        self.world.log(self.name, "sigterm", "held" if self._holding else "")
-        if self._holding:
-            self._pending_signal = True
-            return
+        self.world.log(self.name, "sigterm")
         self.world.interrupt(self.main)
 
     @contextmanager
@@ -143,7 +140,12 @@ class Process:
                 self.handle_signal()
 
     def handle_signal(self) -> None:
-        """Run the SIGTERM handler here (in the main greenlet)."""
+        """Run the SIGTERM handler here (in the main greenlet), or once the signals it holds
+        are let go."""
+        if self._holding:
+            self._pending_signal = True
+            self.world.log(self.name, "sigterm held")
+            return
         if self.on_sigterm is not None:
             self.on_sigterm()
 
@@ -317,8 +319,9 @@ class World:
         self.yield_()
 
     def interrupt(self, g: greenlet.greenlet) -> None:
-        """Resume ``g`` now with a signal; its pending wake-up stays valid afterwards."""
-        self.schedule(self.t, g, _INTERRUPT, self._tokens.get(g))
+        """Resume ``g`` with a signal as soon as its process runs, wherever it is parked then;
+        its pending wake-up stays valid afterwards."""
+        self.schedule(self.t, g, _INTERRUPT, None)
 
     def on_death(self, process: Process) -> None:
         for hook in self.deaths:
@@ -337,9 +340,14 @@ class World:
             if not process.alive:
                 continue
             if token is _INTERRUPT:
-                if g is not process.main or self._tokens.get(g) is not value:
-                    continue  # the main greenlet is not parked where it was
-                resume_token = value
+                if process.paused_until > at:
+                    heapq.heappush(self._heap, (process.paused_until, seq, g, token, value))
+                    continue
+                if not g:  # not started yet: once it is parked somewhere
+                    heapq.heappush(self._heap, (at, next(self._seq), g, token, value))
+                    continue
+                # Wherever it is parked now, it takes the signal there, then waits on.
+                resume_token = self._tokens.get(g)
                 value = _SIGNAL
             elif self._tokens.get(g) is not token:
                 continue  # superseded: woken otherwise, or interrupted and re-parked
