@@ -154,8 +154,8 @@ def _nothing_lost(
                     observer.violate(
                         "lost",
                         key,
-                        f"no run row, though {holder} had it on its timeline and completed a "
-                        "step a lease after its instant",
+                        f"no run row, though {holder} had it on its timeline and completed two "
+                        "steps begun a lease after its instant",
                     )
             at = next_after(entry.spec, at)
 
@@ -168,14 +168,18 @@ def _key(name: str, at: datetime) -> str:
 
 def _had_it(expect: Expectations, schedule: str, t: float) -> str | None:
     """A replica that had the occurrence of ``schedule`` at ``t`` on its timeline (it ran the
-    schedule and had booted before ``t``) and completed a step a lease after it (when even a
-    schedule yielded to a newer replica's definition is recorded): it must have recorded it."""
+    schedule and had booted before ``t``) and completed two steps begun a lease after it (when
+    even a schedule yielded to a newer replica's definition is recorded): it must have recorded
+    it."""
     for replica in expect.replicas:
         if (
             schedule in replica.entries
             and replica.booted_at is not None
             and replica.booted_at < t
-            and bisect.bisect_left(replica.steps, (t + expect.lease + 0.1,)) < len(replica.steps)
+            # The first step past it at least takes it onto the schedule's list of due
+            # occurrences (a replica that is behind records them a step later): two steps.
+            and bisect.bisect_left(replica.steps, (t + expect.lease + 0.1,))
+            < len(replica.steps) - 1
         ):
             return replica.name
     return None
