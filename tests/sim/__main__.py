@@ -20,8 +20,8 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from tests.sim.scenario import Result, simulate
 
@@ -38,6 +38,7 @@ class Summary:
     faults: Counter[str] = field(default_factory=Counter)
     violations: Counter[str] = field(default_factory=Counter)
     failed: list[Result] = field(default_factory=list)
+    wall: float = 0.0
 
     def add(self, result: Result) -> None:
         self.seeds += 1
@@ -86,32 +87,32 @@ def _one(seed: int) -> Result:
     return simulate(seed)
 
 
-def _seeds(args: argparse.Namespace) -> Iterator[int]:
-    if args.seed is not None:
-        yield args.seed
-        return
-    if args.budget is not None:
-        rng = random.Random()
-        end = time.monotonic() + args.budget
-        while time.monotonic() < end:
-            yield rng.randrange(1, 2**31)
-        return
-    yield from range(args.first, args.first + args.seeds)
-
-
 def run(args: argparse.Namespace) -> Summary:
     summary = Summary()
     started = time.monotonic()
-    seeds = _seeds(args)
-    if args.jobs > 1 and args.seed is None:
-        with multiprocessing.get_context("fork").Pool(args.jobs, maxtasksperchild=50) as pool:
+    if args.seed is not None:
+        _tally(summary, _one(args.seed), args)
+    elif args.budget is not None:
+        # Fresh seeds, a batch of one per job at a time, until the budget is spent.
+        rng = random.SystemRandom()
+        end = started + args.budget
+        with _pool(args.jobs) as pool:
+            while time.monotonic() < end:
+                batch = [rng.randrange(1, 2**31) for _ in range(args.jobs)]
+                for result in pool.map(_one, batch):
+                    _tally(summary, result, args)
+    else:
+        seeds = range(args.first, args.first + args.seeds)
+        with _pool(args.jobs) as pool:
             for result in pool.imap_unordered(_one, seeds, chunksize=1):
                 _tally(summary, result, args)
-    else:
-        for seed in seeds:
-            _tally(summary, _one(seed), args)
-    summary.__dict__["wall"] = time.monotonic() - started
+    summary.wall = time.monotonic() - started
     return summary
+
+
+def _pool(jobs: int) -> Any:
+    # Fresh worker processes now and then: nothing one run leaves behind can build up.
+    return multiprocessing.get_context("fork").Pool(jobs, maxtasksperchild=50)
 
 
 def _tally(summary: Summary, result: Result, args: argparse.Namespace) -> None:
@@ -129,7 +130,7 @@ def _tally(summary: Summary, result: Result, args: argparse.Namespace) -> None:
 
 
 def print_summary(summary: Summary) -> None:
-    wall = summary.__dict__.get("wall", 0.0)
+    wall = summary.wall
     print(
         f"seeds {summary.seeds}, steps {summary.steps:,}, occurrences published "
         f"{summary.occurrences:,}, deliveries {summary.deliveries:,}, wall {wall:.1f} s"
