@@ -789,7 +789,7 @@ def _publish(
     instants: Sequence[datetime],
     reason: Reason,
 ) -> list[str]:
-    on_demand = OnDemand(app, settings, database, entries)
+    on_demand = OnDemand.open(app, settings, database, entries)
     try:
         # A bar only where there is something to wait for (more than one broker chunk), on a
         # terminal.

@@ -19,13 +19,13 @@ from datetime import datetime
 from celery import Celery
 from celery.app.utils import find_app
 
-from voltro_beat import dispatch
 from voltro_beat.clock import Clock
 from voltro_beat.config import Settings
 from voltro_beat.dispatch import Dispatcher
 from voltro_beat.exceptions import ConfigurationError, PublishError
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.publisher import Publisher
+from voltro_beat.runner import Runner
 from voltro_beat.runs import Run
 from voltro_beat.schedules import Entry
 from voltro_beat.status import Reason
@@ -48,22 +48,47 @@ def load_app(path: str) -> Celery:
 
 
 class OnDemand:
-    """Publishes chosen occurrences of ``entries`` as replica ``cli:<host>:<pid>``."""
+    """Publishes chosen occurrences of ``entries`` through ``store`` and ``publisher``.
+
+    ``clock`` (the dispatcher's; by default the database's, whatever ``voltro_beat_clock``
+    says: each fence reads it) and ``runner`` (the dispatcher's marks, renewals and waits) are
+    seams for a simulation (tests/sim); :meth:`open` builds one for a command.
+    """
 
     def __init__(
-        self, app: Celery, settings: Settings, database: Database, entries: Mapping[str, Entry]
+        self,
+        settings: Settings,
+        store: BeatStore,
+        publisher: Publisher,
+        entries: Mapping[str, Entry],
+        *,
+        clock: Clock | None = None,
+        runner: Runner | None = None,
     ) -> None:
         self.settings = settings
-        self.store = BeatStore(database, replica=f"cli:{socket.gethostname()}:{os.getpid()}")
-        self.publisher = Publisher(app, write_timeout=settings.publish_timeout * 3)
-        # Each fence reads the database's clock: the dispatcher's bounds come from it,
-        # whatever voltro_beat_clock says.
+        self.store = store
+        self.publisher = publisher
+        database = store.database
         self.dispatch = Dispatcher(
-            self.store,
-            self.publisher,
+            store,
+            publisher,
             entries,
             settings.publish_timeout,
-            Clock(database.clock_mode(), local=lambda: database.clock()),
+            clock or Clock(database.clock_mode(), local=lambda: database.clock()),
+            runner=runner,
+        )
+
+    @classmethod
+    def open(
+        cls, app: Celery, settings: Settings, database: Database, entries: Mapping[str, Entry]
+    ) -> OnDemand:
+        """One for this process, as replica ``cli:<host>:<pid>``, publishing to ``app``'s
+        broker."""
+        return cls(
+            settings,
+            BeatStore(database, replica=f"cli:{socket.gethostname()}:{os.getpid()}"),
+            Publisher(app, write_timeout=settings.publish_timeout * 3),
+            entries,
         )
 
     def publish(
@@ -81,8 +106,9 @@ class OnDemand:
         recovery), StoreError if the store did.
         """
         published: list[str] = []
-        for start in range(0, len(instants), dispatch.CHUNK):
-            chunk = instants[start : start + dispatch.CHUNK]
+        size = self.dispatch.chunk
+        for start in range(0, len(instants), size):
+            chunk = instants[start : start + size]
             occurrences = [Occurrence.of(entry.name, at) for at in chunk]
             won = self.store.claim(
                 [Run(o, entry.task, reason=reason) for o in occurrences],

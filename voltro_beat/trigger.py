@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -49,11 +48,17 @@ class Trigger:
     Thread-safe: the endpoint's requests fire one at a time (one broker connection).
     """
 
-    def __init__(self, app: Celery, settings: Settings | None = None) -> None:
-        """``settings``: the app's own (:meth:`Settings.resolve`) unless given."""
+    def __init__(
+        self, app: Celery, settings: Settings | None = None, *, on_demand: OnDemand | None = None
+    ) -> None:
+        """``settings``: the app's own (:meth:`Settings.resolve`) unless given; ``on_demand``:
+        what publishes (a simulation's, tests/sim), else one on the settings' store and the
+        app's broker."""
         settings = settings or Settings.resolve(app.conf)
         self.entries = load_schedule(app, settings).entries
-        self._on_demand = OnDemand(app, settings, Database.open(settings.store_url), self.entries)
+        self._on_demand = on_demand or OnDemand.open(
+            app, settings, Database.open(settings.store_url), self.entries
+        )
         self.store = self._on_demand.store
         self._migrate = settings.migrate
         self._lease = settings.publish_timeout
@@ -100,7 +105,8 @@ class Trigger:
                 raise TooFar(f"{occurrence.key}: its deadline passed while it was being claimed")
             # An early arrival (see catchup.last_due) waits for the instant on the database's
             # clock: never published before it.
-            time.sleep(max(0.0, self._on_demand.dispatch.until(fenced).total_seconds()))
+            dispatch = self._on_demand.dispatch
+            dispatch.runner.sleep(max(0.0, dispatch.until(fenced).total_seconds()))
             if not self._on_demand.dispatch.deliver([fenced]):
                 raise NotPublished(
                     f"{occurrence.key}: claimed, but the broker did not take it; a beat "

@@ -13,21 +13,24 @@ import os
 import shutil
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.sim import invariants
+from tests.sim import invariants, outside
 from tests.sim.beat import SimReplica
 from tests.sim.broker import BrokerFaults, SimBroker
 from tests.sim.invariants import Expectations
 from tests.sim.observer import Observer, Violation
 from tests.sim.store import SimStore, StoreFaults
 from tests.sim.worker import TASK, SimWorker
-from tests.sim.world import Event, World
+from tests.sim.world import Event, Process, World
+from voltro_beat.occurrences import occurrences_between
+from voltro_beat.schedules import parse_entries
 from voltro_beat.store.database import Database
 
+SECOND = timedelta(seconds=1)
 #: Where the databases live: memory-backed when the machine has it (fsync costs nothing).
 TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None
 _TEMPLATE: Path | None = None
@@ -61,27 +64,13 @@ class Result:
         return not self.violations and not self.crashes
 
 
-@dataclass
-class Plan:
-    """Everything the seed chose."""
-
-    seed: int
-    start: datetime
-    lease: float
-    lateness: float
-    chunk: int
-    schedules: dict[str, dict[str, Any]]
-    replicas: int
-    workers: int
-    faulty: float = 45.0
-    calm: float = 0.0
-    faults: Counter[str] = field(default_factory=Counter)
-
-
-def simulate(seed: int, *, teeth: bool = False) -> Result:
+def simulate(seed: int) -> Result:
     """Run seed ``seed``; return what it found."""
     world = World(seed, datetime(2031, 3, 4, 5, 6, 0, tzinfo=UTC))
     rng = world.rng
+    if rng.random() < 0.3:
+        # An hour's boundary during the faults: the retention sweep of the new slot runs then.
+        world.start = datetime(2031, 3, 4, 5, 59, 20, tzinfo=UTC)
     world.start += timedelta(seconds=rng.randrange(60), microseconds=rng.randrange(1_000_000))
     observer = Observer(world)
     workdir = Path(tempfile.mkdtemp(prefix="voltro-sim-", dir=TMP))
@@ -100,6 +89,12 @@ def _schedules(world: World, lateness: float) -> dict[str, dict[str, Any]]:
         "every-second": {"task": TASK, "schedule": 1.0},
         "every-5s": {"task": TASK, "schedule": "*/5 * * * * *"},
     }
+    if rng.random() < 0.4:
+        schedules["external"] = {
+            "task": TASK,
+            "schedule": "*/5 * * * * *",
+            "trigger": "external",
+        }
     for i in range(rng.choice([0, 3, 12, 30])):
         schedules[f"burst-{i}"] = {"task": TASK, "schedule": "*/10 * * * * *"}
     if rng.random() < 0.5:
@@ -142,8 +137,11 @@ def _run(world: World, observer: Observer, path: str) -> Result:
         "broker_connection_timeout": 1.0,
         "voltro_beat_max_lateness": lateness,
         "voltro_beat_worker_lease": 4.0,
-        "voltro_beat_runs_ttl_hours": 1,
-        "voltro_beat_claims_ttl_hours": 1,
+        # 36 s: an hour's retention sweep (see simulate) removes rows and raises the
+        # watermark while the replicas, the trigger and the backfills run.
+        "voltro_beat_runs_ttl_hours": 0.01,
+        "voltro_beat_claims_ttl_hours": 0.01,
+        "result_expires": None,
         "beat_schedule": schedules,
     }
     chunk = rng.choice([2, 5, 1000])
@@ -290,14 +288,52 @@ def _run(world: World, observer: Observer, path: str) -> Result:
             rng.choice(alive).process.kill()
             _at(world, world.t + rng.uniform(0.5, 5.0), start_worker)
 
+    outsiders: list[Process] = []
+
+    def backfill_now() -> None:
+        name = rng.choice([n for n, e in schedules.items() if e.get("trigger") != "external"])
+        outsiders.append(
+            outside.backfill(
+                world, store, broker, conf, name, rng.choice([5.0, 15.0, 30.0]), len(outsiders)
+            )
+        )
+
+    def kill_outsider() -> None:
+        alive = [p for p in outsiders if p.alive]
+        if alive:
+            rng.choice(alive).kill()
+
     actions = {
         "kill -9": lambda: kill(rng.choice([None, rng.uniform(0.5, 10.0)])),
         "SIGTERM": lambda: sigterm(rng.choice([None, rng.uniform(0.5, 10.0)])),
         "pause": pause,
         "rolling deploy": deploy,
         "worker killed": kill_worker,
+        "backfill": backfill_now,
+        "trigger or backfill killed": kill_outsider,
     }
-    weights = {"kill -9": 3, "SIGTERM": 2, "pause": 4, "rolling deploy": 1, "worker killed": 2}
+    weights = {
+        "kill -9": 3,
+        "SIGTERM": 2,
+        "pause": 4,
+        "rolling deploy": 1,
+        "worker killed": 2,
+        "backfill": 2,
+        "trigger or backfill killed": 2,
+    }
+    if "external" in schedules:
+        faults["external trigger"] += 1
+        spec = parse_entries({"x": schedules["external"]}, tz=None, max_lateness=SECOND)[0].spec
+        for at in occurrences_between(spec, world.start, world.now() + timedelta(seconds=faulty)):
+            for _ in range(2 if rng.random() < 0.2 else 1):  # a CronJob may start two Jobs
+                t = (at - world.start).total_seconds() + rng.uniform(-0.8, 2.0)
+
+                def job() -> None:
+                    outsiders.append(
+                        outside.trigger_job(world, store, broker, conf, "external", len(outsiders))
+                    )
+
+                _at(world, max(0.5, t), job)
     for _ in range(rng.choice([0, 1, 3, 6, 10])):
         kind = rng.choices(list(weights), weights=list(weights.values()))[0]
         at = rng.uniform(3.0, faulty)
@@ -333,6 +369,8 @@ def _run(world: World, observer: Observer, path: str) -> Result:
         replicas=replicas,
         changed=frozenset(changed),
     )
+    if world.start.minute == 59:
+        faults["retention sweep"] += 1
     invariants.check(world, observer, store.url, expect)
     if broker.pending():
         world.log("check", "note", f"{broker.pending()} messages still in the broker")
