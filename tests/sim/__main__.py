@@ -104,8 +104,12 @@ def run(args: argparse.Namespace) -> Summary:
     else:
         seeds = range(args.first, args.first + args.seeds)
         with _pool(args.jobs) as pool:
-            for result in pool.imap_unordered(_one, seeds, chunksize=1):
+            # In order, so that --until-failure says how many seeds it took.
+            for result in pool.imap(_one, seeds, chunksize=1):
                 _tally(summary, result, args)
+                if args.until_failure and not result.ok:
+                    print(f"the first failing seed: {result.seed} ({summary.seeds} seeds run)")
+                    break
     summary.wall = time.monotonic() - started
     return summary
 
@@ -155,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", action="store_true", help="with --seed: the whole trace")
     parser.add_argument("--progress", type=int, default=0, help="a line every N seeds")
     parser.add_argument("--log", action="store_true", help="show voltro_beat's own log")
+    parser.add_argument(
+        "--until-failure", action="store_true", help="stop at the first failing seed"
+    )
     args = parser.parse_args(argv)
     if not args.log:
         logging.disable(logging.CRITICAL)

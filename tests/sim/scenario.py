@@ -71,7 +71,9 @@ def simulate(seed: int) -> Result:
     if rng.random() < 0.3:
         # An hour's boundary during the faults: the retention sweep of the new slot runs then.
         world.start = datetime(2031, 3, 4, 5, 59, 20, tzinfo=UTC)
-    world.start += timedelta(seconds=rng.randrange(60), microseconds=rng.randrange(1_000_000))
+        world.start += timedelta(seconds=rng.randrange(30), microseconds=rng.randrange(10**6))
+    else:
+        world.start += timedelta(seconds=rng.randrange(60), microseconds=rng.randrange(10**6))
     observer = Observer(world)
     workdir = Path(tempfile.mkdtemp(prefix="voltro-sim-", dir=TMP))
     path = workdir / "store.sqlite3"
@@ -294,7 +296,13 @@ def _run(world: World, observer: Observer, path: str) -> Result:
         name = rng.choice([n for n, e in schedules.items() if e.get("trigger") != "external"])
         outsiders.append(
             outside.backfill(
-                world, store, broker, conf, name, rng.choice([5.0, 15.0, 30.0]), len(outsiders)
+                world,
+                store,
+                broker,
+                conf,
+                name,
+                rng.choice([5.0, 15.0, 30.0, 60.0]),
+                len(outsiders),
             )
         )
 

@@ -58,6 +58,7 @@ def test_fresh_seeds_for_the_budget() -> None:
         jobs=min(2, os.cpu_count() or 1),
         trace=False,
         progress=0,
+        until_failure=False,
     )
     summary = run(args)
     print(f"simulated {summary.seeds} fresh seeds, {summary.steps:,} steps")
