@@ -9,7 +9,9 @@
   sender was killed before its mark, lost the broker's answer, or its mark came (or could not
   come) later than most of a lease after the broker took it (the replica paused, its store
   cut off or held up);
-* no ``claimed`` row is left behind.
+* no ``claimed`` row is left behind;
+* a run whose message the broker took has its publish time (its mark), unless its sender had
+  one of those windows.
 
 The per-step invariants (executed twice, published or started early) are the observer's.
 """
@@ -24,7 +26,8 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 
 from tests.sim.beat import SimReplica
-from tests.sim.observer import Observer, instant_of
+from tests.sim.observer import Accepted, Observer, instant_of
+from tests.sim.store import SimStore
 from tests.sim.world import Process, World
 from voltro_beat.occurrences import next_after
 from voltro_beat.schedules import Entry
@@ -43,6 +46,8 @@ class Expectations:
     lease: float
     #: Instants after this (virtual seconds) are too recent to judge.
     judged_until: float
+    #: The store, for how long each process's statements failed.
+    store: SimStore
     replicas: list[SimReplica] = field(default_factory=list)
     #: Schedules whose definition changed in a rolling deploy.
     changed: frozenset[str] = frozenset()
@@ -62,6 +67,7 @@ def check(world: World, observer: Observer, url: str, expect: Expectations) -> N
     _rows(world, observer, rows, expect)
     _nothing_lost(world, observer, rows, expect, swept)
     _second_messages(world, observer, expect)
+    _unmarked(world, observer, rows, expect)
 
 
 def _t(world: World, at: datetime) -> float:
@@ -196,33 +202,10 @@ def _had_it(expect: Expectations, schedule: str, t: float) -> str | None:
 
 
 def _second_messages(world: World, observer: Observer, expect: Expectations) -> None:
-    calls = {c.id: c for c in observer.calls}
-    processes = {p.name: p for p in world.processes}
-    late = MARK_IN_TIME * expect.lease
     for key, accepted in observer.accepted.items():
         if len(accepted) < 2:
             continue
-        excuses: list[str] = []
-        for message in accepted:
-            call = calls[message.call]
-            sender = processes[message.publisher]
-            mark = observer.marks.get(key)
-            marked_by_sender = mark is not None and mark[1] == sender.name
-            if call.answer_lost:
-                excuses.append(f"{sender.name} lost the broker's answer ({call.mode})")
-            if sender.died_at is not None and not sender.exited and not marked_by_sender:
-                excuses.append(f"{sender.name} was killed before its mark")
-            if marked_by_sender and mark is not None and mark[0] - message.t >= late:
-                excuses.append(f"{sender.name}'s mark came {mark[0] - message.t:.2f} s late")
-            if not marked_by_sender:
-                waited = _paused_within(sender, call.t, sender.died_at or world.t)
-                if waited >= late:
-                    excuses.append(f"{sender.name} paused {waited:.2f} s before its mark")
-            else:
-                assert mark is not None
-                waited = _paused_within(sender, call.t, mark[0])
-                if waited >= late:
-                    excuses.append(f"{sender.name} paused {waited:.2f} s before its mark")
+        excuses = [e for m in accepted for e in _excuses(world, observer, expect, m)]
         if not excuses:
             senders = ", ".join(f"{m.publisher}@{m.t:.3f} (call {m.call})" for m in accepted)
             observer.violate(
@@ -232,6 +215,54 @@ def _second_messages(world: World, observer: Observer, expect: Expectations) -> 
             )
         else:
             world.log("check", "second message", "; ".join(sorted(set(excuses))), (key,))
+
+
+def _unmarked(
+    world: World, observer: Observer, rows: Mapping[str, sa.Row], expect: Expectations
+) -> None:
+    """A run whose message the broker took has its publish time, unless its sender could not
+    mark it (one of the windows): a worker's start moves the row on before recovery would
+    ever take it over, so a mark that went missing shows only here."""
+    for key, row in rows.items():
+        accepted = observer.accepted.get(key)
+        if not accepted or row.published_at is not None:
+            continue
+        if _t(world, instant_of(key)) > expect.judged_until:
+            continue
+        if not any(_excuses(world, observer, expect, m) for m in accepted):
+            first = accepted[0]
+            observer.violate(
+                "never marked",
+                key,
+                f"the broker took it from {first.publisher} at {first.t:.3f} (call "
+                f"{first.call}); its row is {row.status} without a publish time",
+            )
+
+
+def _excuses(
+    world: World, observer: Observer, expect: Expectations, message: Accepted
+) -> list[str]:
+    """Why the sender of ``message`` may not have marked it in time (the windows of
+    docs/guarantees.md): none for a sender that had no such trouble."""
+    call = next(c for c in observer.calls if c.id == message.call)
+    sender = next(p for p in world.processes if p.name == message.publisher)
+    late = MARK_IN_TIME * expect.lease
+    mark = observer.marks.get(message.key)
+    marked = mark is not None and mark[1] == sender.name
+    excuses = []
+    if call.answer_lost:
+        excuses.append(f"{sender.name} lost the broker's answer ({call.mode})")
+    if sender.died_at is not None and not sender.exited and not marked:
+        excuses.append(f"{sender.name} was killed before its mark")
+    if marked and mark is not None and mark[0] - message.t >= late:
+        excuses.append(f"{sender.name}'s mark came {mark[0] - message.t:.2f} s late")
+    waited = _paused_within(sender, call.t, mark[0] if marked and mark else world.t)
+    if waited >= late:
+        excuses.append(f"{sender.name} paused {waited:.2f} s before its mark")
+    cut = expect.store.longest_outage_after(sender.name, message.t)
+    if not marked and cut >= late:
+        excuses.append(f"{sender.name}'s store failed for {cut:.2f} s")
+    return excuses
 
 
 def _paused_within(process: Process, start: float, end: float) -> float:

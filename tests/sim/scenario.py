@@ -306,6 +306,13 @@ def _run(world: World, observer: Observer, path: str) -> Result:
             )
         )
 
+    def workers_down() -> None:
+        """Every worker stopped for a while (a deploy of the workers): messages wait."""
+        for w in workers:
+            if w.process.alive:
+                w.process.kill()
+        _at(world, world.t + rng.uniform(3.0, 15.0), start_worker)
+
     def kill_outsider() -> None:
         alive = [p for p in outsiders if p.alive]
         if alive:
@@ -317,6 +324,7 @@ def _run(world: World, observer: Observer, path: str) -> Result:
         "pause": pause,
         "rolling deploy": deploy,
         "worker killed": kill_worker,
+        "workers down": workers_down,
         "backfill": backfill_now,
         "trigger or backfill killed": kill_outsider,
     }
@@ -326,6 +334,7 @@ def _run(world: World, observer: Observer, path: str) -> Result:
         "pause": 4,
         "rolling deploy": 1,
         "worker killed": 2,
+        "workers down": 1,
         "backfill": 2,
         "trigger or backfill killed": 2,
     }
@@ -374,6 +383,7 @@ def _run(world: World, observer: Observer, path: str) -> Result:
         entries={name: e for r in replicas for name, e in r.entries.items()},
         lease=lease,
         judged_until=faulty + calm - settle,
+        store=store,
         replicas=replicas,
         changed=frozenset(changed),
     )
