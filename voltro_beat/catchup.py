@@ -35,7 +35,12 @@ class Plan:
 
 
 def plan(
-    entry: Entry, last: datetime | None, now: datetime, *, on_time: timedelta, live: bool = False
+    entry: Entry,
+    last: datetime | None,
+    now: datetime,
+    *,
+    on_time: timedelta,
+    live_since: datetime | None = None,
 ) -> Plan:
     """The runs of ``entry``'s occurrences after ``last`` up to ``now``, each with its fate.
 
@@ -49,18 +54,20 @@ def plan(
     loaded replica claims late), so it is published whatever the policy, as that replica
     would, and the claims gate lets only one of them have it. Of the older ones, ``latest``
     publishes the newest when none is on time and records the others ``missed``; ``skip``
-    records them all ``missed``; ``all`` publishes each one. And a schedule another live
-    replica runs (``live``) had no downtime at all: its occurrences are all published within
-    their lateness, late as that replica would publish them after a stall.
+    records them all ``missed``; ``all`` publishes each one. And an occurrence at or after
+    ``live_since`` (when the longest-running other live replica that runs the schedule
+    started) fell while that replica ran it, held up but not down: it is published within its
+    lateness, late as that replica would publish it after a stall; the policy is for the
+    occurrences before, when no replica ran the schedule.
     """
     if last is None:
         return Plan([])
     after = max(last, now - entry.max_lateness - timedelta(microseconds=1))
     instants, unrecorded_until = newest(entry, after, now, MAX_BACKFILL)
-    recent = sum(1 for at in instants if at > now - on_time)
-    policy = "all" if live else entry.catch_up
-    sent = {"all": len(instants), "latest": max(1, recent), "skip": recent}[policy]
-    cut = max(0, len(instants) - sent)
+    down = [at for at in instants if live_since is None or at < live_since]
+    recent = sum(1 for at in down if at > now - on_time)
+    sent = {"all": len(down), "latest": max(1, recent), "skip": recent}[entry.catch_up]
+    cut = max(0, len(down) - sent)
     lateness = entry.max_lateness
     missed = [
         Run(Occurrence.of(entry.name, at), entry.task, Status.MISSED, Reason.CATCH_UP)

@@ -55,8 +55,8 @@ class Membership:
         self.yielded: dict[str, str] = {}
         #: Schedules some live replica (this one included) runs.
         self.known: set[str] = set(self.schedules)
-        #: Schedules some other live replica runs.
-        self.elsewhere: set[str] = set()
+        #: Schedule -> when the longest-running other live replica that runs it started.
+        self.elsewhere: dict[str, datetime] = {}
         self.live: list[Replica] = []
         self._maps: dict[str, tuple[str, dict[str, str]]] = {}
         self._said: set[tuple[Any, ...]] = set()
@@ -176,7 +176,10 @@ class Membership:
             for name, schedules in self.registry.schedules(wanted).items():
                 self._maps[name] = (replicas.digest(schedules), schedules)
         maps = {r.name: self._maps[r.name][1] for r in others if r.name in self._maps}
-        self.elsewhere = set().union(*maps.values())
+        self.elsewhere = {}
+        for r in others:
+            for name in maps.get(r.name, {}) if r.started_at is not None else ():
+                self.elsewhere[name] = min(self.elsewhere.get(name, r.started_at), r.started_at)
         maps[me] = self.schedules
         self.known = set().union(*maps.values())
         mine = next((r for r in self.live if r.name == me), None)

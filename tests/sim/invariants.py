@@ -113,27 +113,43 @@ def _rows(
             and row.reason == Reason.CATCH_UP
             and row.schedule not in expect.changed
         ):
-            live = _live_at_boot(world, expect, row.schedule, row.replica)
+            at = _t(world, instant_of(key))
+            live = _live_at_boot(world, expect, row.schedule, row.replica, at)
             if live is not None:
                 violate(
                     "missed while a replica was live",
                     key,
                     f"recorded missed (catch_up) by {row.replica}, which booted while {live} "
-                    "ran its schedule (catch-up is for downtime)",
+                    "ran its schedule, as it had since before the occurrence (catch-up is for "
+                    "downtime)",
                 )
 
 
-def _live_at_boot(world: World, expect: Expectations, schedule: str, booting: str) -> str | None:
-    """A replica that ran ``schedule`` and that the registry showed live when ``booting``
-    joined it: a step of it went through between a lease (less a heartbeat) and a moment
-    before that join."""
+def _live_at_boot(
+    world: World, expect: Expectations, schedule: str, booting: str, at: float
+) -> str | None:
+    """A replica that ran ``schedule`` since before ``at`` (it had joined the registry by
+    then) and that the registry showed live when ``booting`` joined it: a step of it went
+    through between a lease (less a heartbeat) and a moment before that join, and no later
+    incarnation of it had replaced its row by then."""
     joined = next((r.joined_at for r in expect.replicas if r.name == booting), None)
     if joined is None:
         return None
     heartbeat = min(expect.lease / 4, 1.0)
     start, end = joined - expect.lease + heartbeat + 0.1, joined - 0.1
     for replica in expect.replicas:
-        if replica.name == booting or schedule not in replica.entries:
+        if (
+            replica.name == booting
+            or schedule not in replica.entries
+            or replica.joined_at is None
+            or replica.joined_at > at - 0.1
+            or any(
+                other.name == replica.name
+                and other.joined_at is not None
+                and replica.joined_at < other.joined_at < joined
+                for other in expect.replicas
+            )
+        ):
             continue
         i = bisect.bisect_left(replica.steps, (start,))
         if any(e <= end for _, e in replica.steps[i : i + 50]):

@@ -111,17 +111,17 @@ MUTANTS: list[tuple[str, str, list[tuple[str, str, str]]]] = [
     (
         "8",
         "occurrences less than a lease old at boot are published whatever the catch-up policy "
-        "(and, since this issue, nothing of a schedule a live replica runs is caught up)",
+        "(and, since this issue, nothing that fell while a live replica ran its schedule)",
         [
             (
                 "voltro_beat/catchup.py",
-                "    recent = sum(1 for at in instants if at > now - on_time)\n",
+                "    recent = sum(1 for at in down if at > now - on_time)\n",
                 "    recent = 0\n",
             ),
             (
                 "voltro_beat/catchup.py",
-                '    policy = "all" if live else entry.catch_up\n',
-                "    policy = entry.catch_up\n",
+                "    down = [at for at in instants if live_since is None or at < live_since]\n",
+                "    down = instants\n",
             ),
         ],
     ),

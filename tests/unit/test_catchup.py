@@ -82,11 +82,35 @@ def test_an_occurrence_a_live_replica_still_covers_is_published(policy: str) -> 
 
 
 @pytest.mark.parametrize("policy", ["latest", "skip"])
-def test_a_schedule_another_live_replica_runs_had_no_downtime(policy: str) -> None:
+def test_what_fell_while_another_live_replica_ran_the_schedule_is_not_downtime(
+    policy: str,
+) -> None:
     # Found by tests/sim (seed 9): the live replica was held up, not down; what it did not
-    # claim yet it publishes late, within max_lateness, and so does the booting replica.
-    made = plan(entry(catch_up=policy), at(20), NOW, on_time=timedelta(seconds=10), live=True)
-    assert fates(made) == [(t, "claimed", None) for t in (at(15), at(10), at(5), NOW)]
+    # claim yet it publishes late, within max_lateness, and so does the booting replica. What
+    # fell before that replica started was downtime: the policy says.
+    made = plan(
+        entry(catch_up=policy),
+        at(30),
+        NOW,
+        on_time=timedelta(seconds=10),
+        live_since=at(17),
+    )
+    newest_of_downtime = ("claimed", None) if policy == "latest" else ("missed", "catch_up")
+    assert fates(made) == [
+        (at(25), "missed", "catch_up"),
+        (at(20), *newest_of_downtime),
+        (at(15), "claimed", None),
+        (at(10), "claimed", None),
+        (at(5), "claimed", None),
+        (NOW, "claimed", None),
+    ]
+
+
+def test_a_replica_started_after_the_downtime_does_not_hide_it() -> None:
+    # Replicas restarted together: the first one's registry row must not make the others
+    # publish what fell while none ran (tests/acceptance/test_replica_failures.py).
+    made = plan(entry(catch_up="skip"), at(30), NOW, on_time=ZERO, live_since=at(2))
+    assert [f for _, f, _ in fates(made)] == ["missed"] * 5 + ["claimed"]
 
 
 def test_nothing_new_since_the_last_run() -> None:

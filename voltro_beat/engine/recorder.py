@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from voltro_beat import catchup, logs
@@ -102,15 +102,22 @@ class Recorder:
         self._summarise(recorded)
         return won_claims
 
-    def catch_up(self, entries: Sequence[Entry], now: datetime, live: Collection[str]) -> list[Run]:
+    def catch_up(
+        self, entries: Sequence[Entry], now: datetime, live_since: Mapping[str, datetime]
+    ) -> list[Run]:
         """At boot: the runs of ``entries``' occurrences since their last recorded one that
         their ``catch_up`` policy asks to record (:mod:`voltro_beat.catchup`); the policy is
-        for downtime, so not for the schedules in ``live``, which another live replica runs."""
+        for downtime, so not for the occurrences after ``live_since[name]``, when another
+        live replica that runs the schedule had started."""
         last = self._store.last_scheduled([e.name for e in entries])
         backfill: list[Run] = []
         for entry in entries:
             plan = catchup.plan(
-                entry, last.get(entry.name), now, on_time=self._lease, live=entry.name in live
+                entry,
+                last.get(entry.name),
+                now,
+                on_time=self._lease,
+                live_since=live_since.get(entry.name),
             )
             backfill += plan.runs
             if plan.unrecorded_until is not None:
