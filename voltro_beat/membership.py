@@ -178,8 +178,11 @@ class Membership:
         maps = {r.name: self._maps[r.name][1] for r in others if r.name in self._maps}
         self.elsewhere = {}
         for r in others:
-            for name in maps.get(r.name, {}) if r.started_at is not None else ():
-                self.elsewhere[name] = min(self.elsewhere.get(name, r.started_at), r.started_at)
+            started = r.started_at
+            if started is None:
+                continue
+            for name in maps.get(r.name, {}):
+                self.elsewhere[name] = min(self.elsewhere.get(name, started), started)
         maps[me] = self.schedules
         self.known = set().union(*maps.values())
         mine = next((r for r in self.live if r.name == me), None)
