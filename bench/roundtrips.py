@@ -74,7 +74,7 @@ def replica(name: str, size: int, counts: Counter[str]) -> VoltroScheduler:
 def at(beat: VoltroScheduler, instant: datetime) -> float:
     """One tick of ``beat`` with its clock reading ``instant``."""
     beat._clock.local = lambda: instant
-    return beat._tick()
+    return beat.tick()
 
 
 def measure(size: int, replicas: int) -> dict[str, Any]:
@@ -87,7 +87,7 @@ def measure(size: int, replicas: int) -> dict[str, Any]:
     try:
         for beat in beats:
             at(beat, boundary - timedelta(seconds=45))  # boot: schema, catch-up, templates
-        lead = beats[0]._lead
+        lead = beats[0]._engine.timeline.lead
         booted = dict(counts)
         counts.clear()
         started = time.perf_counter()
