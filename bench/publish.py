@@ -25,8 +25,8 @@ from unittest import mock
 import redis
 from celery import Celery
 
-from voltro_beat import publisher as publisher_module
 from voltro_beat.dispatch import CHUNK
+from voltro_beat.messages import RedisPush
 from voltro_beat.occurrences import task_id_for
 from voltro_beat.publisher import Publisher
 from voltro_beat.schedules import Entry, parse_entries
@@ -65,7 +65,7 @@ def publisher_run(
     """(seconds to build the templates, seconds to publish) with a fresh publisher."""
     publisher = Publisher(app, write_timeout=timedelta(seconds=30))
     # (b) is the same publisher with the Redis payload capture finding nothing to reuse.
-    off = mock.patch.object(publisher_module._RedisPush, "capture", return_value=None)
+    off = mock.patch.object(RedisPush, "capture", return_value=None)
     with contextlib.nullcontext() if fast else off:
         start = time.perf_counter()
         publisher.prepare(entries)
@@ -73,7 +73,7 @@ def publisher_run(
         for i in range(0, len(messages), CHUNK):
             publisher.publish(messages[i : i + CHUNK])
         done = time.perf_counter()
-    pushed = sum(isinstance(t, publisher_module._RedisPush) for t in publisher._templates.values())
+    pushed = sum(isinstance(t, RedisPush) for t in publisher._templates.values())
     assert pushed == (len(entries) if fast else 0), pushed
     publisher.reset()
     return prepared - start, done - prepared

@@ -28,9 +28,10 @@ from celery import Celery
 from voltro_beat.beat_schedule import load_schedule
 from voltro_beat.config import Settings
 from voltro_beat.exceptions import ConfigurationError, NaiveDatetimeError
+from voltro_beat.messages import arguments
 from voltro_beat.occurrences import Occurrence, next_after
 from voltro_beat.on_demand import load_app
-from voltro_beat.publisher import Publisher, arguments
+from voltro_beat.publisher import Publisher
 from voltro_beat.scheduler import VoltroScheduler
 from voltro_beat.schedules import Entry
 

@@ -24,8 +24,9 @@ from celery import Celery
 from celery.beat import BeatLazyFunc, ScheduleEntry, Scheduler
 from kombu import Exchange, Queue
 
+from voltro_beat.messages import RedisPush, Template
 from voltro_beat.occurrences import task_id_for
-from voltro_beat.publisher import Publisher, _RedisPush, _Template
+from voltro_beat.publisher import Publisher
 from voltro_beat.schedules import parse_entries
 
 AMQP_URL = os.environ.get("VOLTRO_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//")
@@ -80,9 +81,9 @@ PICKLE_ONLY = {"timedelta_args": ({"task": "bm.registered", "args": [timedelta(h
 
 def path_of(template: object) -> str:
     """Which of the publisher's three paths an entry takes."""
-    if isinstance(template, _RedisPush):
+    if isinstance(template, RedisPush):
         return "redis payload"
-    return "kombu replay" if isinstance(template, _Template) else "celery"
+    return "kombu replay" if isinstance(template, Template) else "celery"
 
 
 def expected_path(broker: str, case: str) -> str:

@@ -23,8 +23,9 @@ from celery import Celery
 from kombu import Queue
 from kombu.common import Broadcast
 
+from voltro_beat.messages import RedisPush, uuid4_str
 from voltro_beat.occurrences import task_id_for
-from voltro_beat.publisher import Publisher, _RedisPush, uuid4_str
+from voltro_beat.publisher import Publisher
 from voltro_beat.schedules import Entry, parse_entries
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def test_replayed_message_equals_celerys_own(raw: dict[str, Any], queue: str) ->
     publisher.prepare([e])
     publisher.publish([(e, key, tid), (e, "e@2026-01-01T10:01:00", task_id_for("x"))])
     assert publisher._templates["e"] is not None
-    assert not isinstance(publisher._templates["e"], _RedisPush)  # not Redis: kombu's path
+    assert not isinstance(publisher._templates["e"], RedisPush)  # not Redis: kombu's path
     first, second = received(app, queue)
     assert comparable(first) == comparable(expected)
     assert second.headers["id"] == second.headers["root_id"] == task_id_for("x")
@@ -221,7 +222,7 @@ def test_fast_path_pushes_kombus_own_payload(
     publisher = Publisher(app, write_timeout=timedelta(seconds=30))
     publisher.prepare([e])
     template = publisher._templates[name]
-    assert isinstance(template, _RedisPush)
+    assert isinstance(template, RedisPush)
     other = f"{name}@2026-01-01T10:01:00"
     publisher.publish([(e, key, task_id_for(key)), (e, other, task_id_for(other))])
     publisher.reset()
@@ -252,7 +253,7 @@ def test_expiring_queue_keeps_kombus_path(broker: str) -> None:
     publisher.publish([(e, "e@1", task_id_for("e@1"))])
     publisher.reset()
     template = publisher._templates["e"]
-    assert template is not None and not isinstance(template, _RedisPush)
+    assert template is not None and not isinstance(template, RedisPush)
     client = redis.Redis.from_url(broker)
     assert 0 < client.pttl(queue) <= 60_000  # kombu's _put refreshed the queue's expiry
     client.close()
@@ -274,7 +275,7 @@ def test_fanout_queue_keeps_kombus_path(broker: str) -> None:
         publisher.publish([(e, "e@1", task_id_for("e@1"))])
         publisher.reset()
         template = publisher._templates["e"]
-        assert template is not None and not isinstance(template, _RedisPush)
+        assert template is not None and not isinstance(template, RedisPush)
         deadline = time.monotonic() + 5
         message = None
         while message is None and time.monotonic() < deadline:
@@ -348,7 +349,7 @@ def test_worker_consumes_fast_path_messages(
     publisher.prepare(entries)
     for e in entries:
         template = publisher._templates[e.name]
-        assert isinstance(template, _RedisPush)
+        assert isinstance(template, RedisPush)
     publisher.publish(messages)
     publisher.reset()
 

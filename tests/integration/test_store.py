@@ -19,8 +19,7 @@ from voltro_beat.exceptions import ConfigurationError, NaiveDatetimeError, Store
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.runs import Run
 from voltro_beat.status import Reason, Status
-from voltro_beat.store import beat as beat_module
-from voltro_beat.store import postgresql, reads
+from voltro_beat.store import postgresql, reads, sweeps
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database, hide_password
 from voltro_beat.store.tables import CLAIMS, RUNS, VERSION_TABLE, UTCDateTime, metadata, runs
@@ -499,15 +498,15 @@ def test_retention_deletes_200000_rows_in_short_transactions(
     sa.event.listen(engine, "after_cursor_execute", executed)
     before = datetime(2001, 1, 1, tzinfo=UTC)
     removed = []
-    while not removed or removed[-1] == beat_module.SWEEP_BATCH:
+    while not removed or removed[-1] == sweeps.SWEEP_BATCH:
         removed.append(store.delete_expired(RUNS, "scheduled_at", before))
     sa.event.remove(engine, "begin", begun)
     sa.event.remove(engine, "after_cursor_execute", executed)
     assert sum(removed) == ROWS
-    assert len(removed) == ROWS // beat_module.SWEEP_BATCH + 1
+    assert len(removed) == ROWS // sweeps.SWEEP_BATCH + 1
     # One DELETE per transaction (its rows counted by what it returned: the swept instants).
     assert [t for t in transactions if t] == [[1]] * len(removed)
-    assert max(removed) == beat_module.SWEEP_BATCH
+    assert max(removed) == sweeps.SWEEP_BATCH
     assert [r["status"] for r in recent(store)] == ["queued"]
 
 

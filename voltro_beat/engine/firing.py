@@ -2,12 +2,13 @@
 and performs what is due, and says when it next needs to run.
 
 Each step sends the occurrences due within the claim lead through the coordination gate (one
-statement), keeps the ones this replica won until their instant, then publishes them: per
-chunk, the publish fence (a statement confirming in the store that this replica still holds
-them), the broker write, and the mark (:mod:`voltro_beat.dispatch`). Claiming ahead leaves
-only that for the instant itself, so a burst of ten thousand schedules reaches the broker
-within a fraction of a second of its boundary. Schedules with an overlap policy are claimed
-at their instant, when their predecessor's state is known. "Now" is the clock handed in (the
+statement), keeps the ones this replica won until their instant
+(:mod:`voltro_beat.engine.ready`), then publishes them: per chunk, the publish fence (a
+statement confirming in the store that this replica still holds them), the broker write, and
+the mark (:mod:`voltro_beat.dispatch`). Claiming ahead leaves only that for the instant
+itself, so a burst of ten thousand schedules reaches the broker within a fraction of a second
+of its boundary. Schedules with an overlap policy are claimed at their instant, when their
+predecessor's state is known. "Now" is the clock handed in (the
 database's, :mod:`voltro_beat.clock`). Store errors fail closed: nothing is published, the
 occurrences stay due and are tried again next step while they are within ``max_lateness``.
 
@@ -18,18 +19,18 @@ through its runner (:mod:`voltro_beat.runner`): a simulation drives it on a virt
 from __future__ import annotations
 
 import collections
-import heapq
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
 
-from voltro_beat import logs, retention
+from voltro_beat import retention
 from voltro_beat.clock import Clock
 from voltro_beat.config import Settings
-from voltro_beat.dispatch import Dispatcher, Fenced
+from voltro_beat.dispatch import Dispatcher
 from voltro_beat.engine import recovery, upkeep
 from voltro_beat.engine.guard import Guard
+from voltro_beat.engine.ready import NEVER, Ready
 from voltro_beat.engine.recorder import Recorder, graces, run_of
 from voltro_beat.engine.timeline import Pending, Timeline
 from voltro_beat.engine.upkeep import Health, Sweeper
@@ -67,7 +68,6 @@ PREPARE_MARGIN = timedelta(milliseconds=200)
 #: How often the metrics' gauges (clock offset, table sizes) are read, when metrics are on.
 MEASURE_EVERY = timedelta(seconds=15)
 
-_NEVER = datetime.max.replace(tzinfo=UTC)
 _LONG_AGO = datetime.min.replace(tzinfo=UTC)
 
 
@@ -127,10 +127,8 @@ class Engine:
         self.closed = False
         #: Whether a step is under way (a close() asked for meanwhile waits for its end).
         self._stepping = False
-        #: Occurrences this replica won, by instant: fenced shortly before it, published at it.
-        self._ready: list[tuple[datetime, str, Occurrence]] = []
-        #: Fenced chunks, oldest instant first: published when their instant comes.
-        self._armed: collections.deque[Fenced] = collections.deque()
+        #: What this replica won ahead: fenced shortly before its instant, published at it.
+        self.ready = Ready(self.dispatch, clock, self.timeline, self.lease)
         #: Schedules whose message templates are not built yet, soonest first.
         self._unprepared: collections.deque[Pending] = collections.deque()
         self._next_recovery = _LONG_AGO
@@ -143,7 +141,7 @@ class Engine:
     def step(self) -> datetime:
         """Record and publish what is due now; return when to run again. Never raises."""
         if self.closed:
-            return _NEVER
+            return NEVER
         try:
             return self.attempt()
         except StoreError as exc:
@@ -167,14 +165,14 @@ class Engine:
             self._boot()
         # What is due first (the heartbeat before claims: it says which schedules are
         # yielded to a newer replica); the rest of the step is upkeep.
-        self._publish_ready()
+        self.ready.publish()
         if clock.now() >= self._next_heartbeat:
             if self.membership.beat():
                 self.timeline.requeue()
             self.health.touch()
             self._next_heartbeat = clock.now() + self.membership.interval
         self._fire_due(clock.now())
-        self._publish_ready()
+        self.ready.publish()
         if self.guard.queues:
             self.guard.promote(clock.now(), self.dispatch, self.lease)
         if clock.now() >= self._next_recovery:
@@ -265,54 +263,13 @@ class Engine:
 
     def _record(self, runs: list[Run], now: datetime) -> None:
         for o in self.recorder.record(runs, now):
-            heapq.heappush(self._ready, (o.scheduled_at, o.key, o))
-
-    def _publish_ready(self) -> None:
-        """Fence the occurrences won ahead whose instant is near, and publish those whose
-        instant has come.
-
-        The fence comes half a claim lead before the instant, so that at the instant only the
-        broker writes and the marks are left; an occurrence the fence no longer finds this
-        replica's (its lease ran out while this process was paused, another replica took it
-        over) is not sent. If the broker fails, what is left of the instant stays ``claimed``
-        and goes to recovery once its lease runs out.
-        """
-        fence_until = self.clock.now() + self._fence_lead
-        while self._ready and self._ready[0][0] <= fence_until:
-            at = self._ready[0][0]
-            chunk: list[Occurrence] = []
-            while len(chunk) < self.dispatch.chunk and self._ready and self._ready[0][0] == at:
-                chunk.append(heapq.heappop(self._ready)[2])
-            self._armed.append(self.dispatch.fence(chunk))
-        due: list[Fenced] = []
-        while self._armed and self.dispatch.until(self._armed[0]) <= timedelta(0):
-            due.append(self._armed.popleft())
-        if due and not self.dispatch.deliver(due):
-            self._armed = collections.deque(
-                a for a in self._armed if self.dispatch.until(a) > timedelta(0)
-            )
+            self.ready.push(o)
 
     # -- timing ---------------------------------------------------------------------------
 
-    @property
-    def _fence_lead(self) -> timedelta:
-        """How long before their instant the occurrences claimed ahead are fenced: half the
-        claim lead, and never so long that the fence is done again at the instant (see
-        Dispatcher.deliver)."""
-        return min(self.timeline.lead / 2, self.lease / 4)
-
     def _next_due(self) -> datetime:
         """The next claim time or instant to publish, whichever comes first."""
-        return min(self.timeline.next or _NEVER, self._next_publish())
-
-    def _next_publish(self) -> datetime:
-        """When the occurrences won ahead next need a fence or a write."""
-        wake = _NEVER
-        if self._ready:
-            wake = min(wake, self._ready[0][0] - self._fence_lead)
-        if self._armed:
-            wake = min(wake, self.clock.now() + self.dispatch.until(self._armed[0]))
-        return wake
+        return min(self.timeline.next or NEVER, self.ready.next_publish())
 
     def _room(self) -> bool:
         """Whether upkeep may run now: nothing is due within PREPARE_MARGIN."""
@@ -360,7 +317,7 @@ class Engine:
         # The step a deferred close() interrupted has unwound: what is due now goes out.
         self.dispatch.halted = False
         try:
-            self._flush_ready(wait)
+            self.ready.flush(wait)
             if self.booted:
                 self.membership.leave()
         except Exception as exc:  # a stopping beat must still stop
@@ -368,26 +325,3 @@ class Engine:
         finally:
             self.dispatch.close()
         return True
-
-    def _flush_ready(self, wait: timedelta) -> None:
-        """Publish the occurrences claimed ahead, each at its instant, waiting at most
-        ``wait``; what is left is republished by another replica's recovery sweep."""
-        end = self.clock.monotonic() + wait.total_seconds()
-        try:
-            while self._ready or self._armed:
-                # Not _next_due(): a claim time already past (no claims at close) would make
-                # this loop spin without sleeping. Found by tests/sim (seed 18).
-                until = (self._next_publish() - self.clock.now()).total_seconds()
-                if until > end - self.clock.monotonic():
-                    break
-                self.dispatch.runner.sleep(max(0.0, until))
-                self._publish_ready()
-        except Exception as exc:  # a stopping beat must still stop
-            logger.warning("voltro_beat: could not publish claimed runs at close: %s", exc)
-        left = len(self._ready) + sum(len(fenced.occurrences) for fenced in self._armed)
-        if left:
-            logger.warning(
-                "voltro_beat: %d claimed runs left for another replica's recovery sweep",
-                left,
-                extra=logs.fields(count=left),
-            )

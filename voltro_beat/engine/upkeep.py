@@ -19,7 +19,7 @@ from voltro_beat.exceptions import ConfigurationError, StoreError
 from voltro_beat.membership import FORGET_AFTER, Membership
 from voltro_beat.metrics import Metrics
 from voltro_beat.schedules import Entry
-from voltro_beat.store import beat as store_beat
+from voltro_beat.store import sweeps
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.tables import CLAIMS, RUNS
 
@@ -106,7 +106,7 @@ class Sweeper:
             self._sweeping.popleft()
             return False
         job.removed += removed
-        if removed == store_beat.SWEEP_BATCH:
+        if removed == sweeps.SWEEP_BATCH:
             return True
         self._sweeping.popleft()
         if job.removed:

@@ -6,7 +6,9 @@
   implemented by :mod:`~voltro_beat.store.postgresql` (with the firing path's hand-written
   statements) and :mod:`~voltro_beat.store.sqlite`; no other module compares dialects;
 * :mod:`~voltro_beat.store.tables`: the tables, as SQLAlchemy Core metadata;
-* :mod:`~voltro_beat.store.beat`: beat's side (claims, run rows, recovery, retention);
+* :mod:`~voltro_beat.store.beat`: beat's side (claims, run rows, the publish fence), one
+  object built on :mod:`~voltro_beat.store.leases` (recovery's writes) and
+  :mod:`~voltro_beat.store.sweeps` (retention's);
 * :mod:`~voltro_beat.store.registry`: the replica registry;
 * :mod:`~voltro_beat.store.run_writer`: the worker's run ledger writes;
 * :mod:`~voltro_beat.store.reads`: what the operator's command reads.

@@ -1,0 +1,206 @@
+"""A broker message of a schedule's occurrence: its arguments, its ids, and the template
+that spares Celery's send path per occurrence.
+
+Celery's ``apply_async``/``send_task`` does a lot of work per message (option merging,
+routing, building the message, declaring the queue), which is what makes Celery's own beat
+fall behind at a few thousand schedules (``python -m bench.publish`` measures it). The
+message of one schedule differs from one occurrence to the next only in its task id and
+occurrence key, so the publisher (:mod:`voltro_beat.publisher`) runs Celery's own send path
+**once per schedule** against a recording producer (:class:`Recorder`), keeps the exact
+``Producer.publish`` call it would have made (:class:`Template`), and replays it for each
+occurrence with the ids patched in. Entries whose message depends on the publish time
+(``expires``, ``countdown``, ``eta``, ``BeatLazyFunc`` arguments) and apps that listen to the
+publish signals go through Celery's full path every time (:func:`replayable`).
+
+Even the replay costs kombu's per-message path (message preparation, routing, body encoding,
+delivery tag, retry wrappers). On kombu's Redis transport the publisher therefore also lets
+kombu build the final Redis payload once per schedule (caught at the channel's ``_put``,
+rendered by kombu's own ``dumps``: :class:`RedisPush`); per occurrence it only splices the
+task id, the key and a fresh delivery tag into that text, and LPUSHes everything on one
+pipeline. Whatever that capture cannot reproduce exactly (fanout, several bound queues, queue
+expiry, redis-py retries, other transports) keeps the replay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from celery import Celery, signals
+from celery.beat import BeatLazyFunc
+from kombu import Producer
+from kombu.utils.json import dumps as kombu_dumps
+
+if TYPE_CHECKING:
+    from voltro_beat.schedules import Entry
+
+#: How kombu's JSON encoder (ensure_ascii, the C accelerator when present) writes a string.
+_encode = json.encoder.encode_basestring_ascii
+
+#: Placeholders for the task id, the occurrence key and the delivery tag: random per process,
+#: so no message contains them (and the split checks that each one appears where expected).
+_MARKS = tuple(f"voltro-{slot}-{uuid.uuid4().hex}" for slot in range(3))
+_SPLIT = re.compile("(" + "|".join(re.escape(_encode(mark)) for mark in _MARKS) + ")")
+
+#: The variant digit of a UUID (RFC 4122: the top two bits of byte 8 are ``10``).
+_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
+
+
+def uuid4_str(raw: bytes) -> str:
+    """``str(uuid.UUID(bytes=raw, version=4))`` without building the object."""
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+
+
+def delivery_tags(count: int) -> Iterator[str]:
+    """``count`` fresh delivery tags: the consumer's ack/restore key (the ``unacked`` hash),
+    unique per message, uuid4 strings as kombu's own ``_next_delivery_tag`` makes them; the
+    randomness of a whole chunk read at once (a system call per message costs more than the
+    rest of its payload)."""
+    raw = os.urandom(16 * count)
+    return (uuid4_str(raw[i : i + 16]) for i in range(0, 16 * count, 16))
+
+
+#: Options whose value Celery resolves against the clock at send time.
+TIME_RELATIVE = ("expires", "countdown", "eta")
+
+
+def replayable(app: Celery, entry: Entry) -> bool:
+    """Whether a message of ``entry`` can be replayed from a template: nothing in it
+    depends on the publish time, and nothing listens to the publish signals."""
+    task = app.tasks.get(entry.task)
+    return not (
+        any(entry.options.get(name) is not None for name in TIME_RELATIVE)
+        or any(isinstance(value, BeatLazyFunc) for value in (*entry.args, *entry.kwargs.values()))
+        or getattr(task, "expires", None) is not None
+        or app.conf.task_send_sent_event
+        or signals.before_task_publish.receivers
+        or signals.after_task_publish.receivers
+    )
+
+
+def _evaluated(value: Any) -> Any:
+    return value() if isinstance(value, BeatLazyFunc) else value
+
+
+def arguments(entry: Entry) -> tuple[list[Any], dict[str, Any]]:
+    """The positional and keyword arguments a message of ``entry`` carries, as Celery's beat
+    sends them: a list (whether the entry gave a list or a tuple), ``BeatLazyFunc`` values
+    called at each send."""
+    return (
+        [_evaluated(value) for value in entry.args],
+        {name: _evaluated(value) for name, value in entry.kwargs.items()},
+    )
+
+
+class Recorder(Producer):
+    """A producer that keeps the publish call Celery makes instead of sending it."""
+
+    call: tuple[Any, dict[str, Any]] | None = None
+
+    def publish(self, body: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        self.call = (body, kwargs)
+
+
+class RedisPush(NamedTuple):
+    """One schedule's final Redis payload, pre-rendered around the values that change.
+
+    kombu would encode the whole message again for every occurrence (tens of microseconds for
+    a 1 kB message); only the task id (``id``, ``root_id``, ``correlation_id``), the occurrence
+    key and the delivery tag differ, so the JSON text is split around them once and each
+    payload is a join of those parts with the JSON-encoded values.
+    """
+
+    list_key: str
+    parts: tuple[str, ...]
+    #: Between ``parts[i]`` and ``parts[i + 1]``: 0 the task id, 1 the key, 2 the delivery tag.
+    slots: tuple[int, ...]
+    #: The queues kombu would declare before the put (the recorded call's ``declare``).
+    declare: Sequence[Any] = ()
+
+    @classmethod
+    def capture(cls, producer: Producer, publish: Any) -> RedisPush | None:
+        """Run ``publish()`` with the channel's ``_put`` caught; None if not reproducible.
+
+        Only the plain Redis channel (not Sentinel, not a subclass) and only when kombu itself
+        would batch (no redis-py retries that could replay a pipeline) qualify.
+        """
+        channel = producer.channel
+        # kombu.transport.redis imports only where redis-py is installed (the redis extra):
+        # a channel of any other transport never needs it.
+        if type(channel).__module__ != "kombu.transport.redis":
+            return None
+        from kombu.transport import redis as kombu_redis
+
+        if type(channel) is not kombu_redis.Channel or not producer.supports_batch_publish:
+            return None
+        # Both of the channel's write paths are caught, so the capture itself sends nothing.
+        puts: list[tuple[str, dict[str, Any]]] = []
+        fanouts: list[Any] = []
+
+        def put(queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+            puts.append((queue, message))
+
+        def put_fanout(*args: Any, **kwargs: Any) -> None:
+            fanouts.append(args)
+
+        channel._put, channel._put_fanout = put, put_fanout  # type: ignore[method-assign]
+        try:
+            publish()
+        finally:
+            # Instance attributes over the class's methods: deleting them restores kombu's.
+            del channel._put, channel._put_fanout
+        if fanouts or len(puts) != 1:
+            return None  # fanout, several bound queues, or unroutable
+        queue, message = puts[0]
+        if channel._expires and queue in channel._expires:
+            return None  # kombu also refreshes the queue's expiry on every put
+        priority = channel._get_message_priority(message, reverse=False)
+        return cls.split(channel._q_for_pri(queue, priority), message)
+
+    @classmethod
+    def split(cls, list_key: str, message: dict[str, Any]) -> RedisPush | None:
+        """Split kombu's JSON of ``message`` around its variable values (None if ambiguous)."""
+        task_id, key, tag = _MARKS
+        marked = dict(
+            message,
+            headers=dict(message["headers"], id=task_id, root_id=task_id, voltro_occurrence=key),
+            properties=dict(message["properties"], correlation_id=task_id, delivery_tag=tag),
+        )
+        # kombu.transport.redis's own ``dumps`` (kombu.utils.json), so custom types encode alike.
+        pieces = _SPLIT.split(kombu_dumps(marked))
+        slots = tuple(_MARKS.index(json.loads(mark)) for mark in pieces[1::2])
+        if sorted(slots) != [0, 0, 0, 1, 2]:
+            return None
+        push = cls(list_key, tuple(pieces[0::2]), slots)
+        # Exactness check: spliced with the captured values, it is kombu's own payload.
+        headers, properties = message["headers"], message["properties"]
+        own = push.render(headers["id"], headers["voltro_occurrence"], properties["delivery_tag"])
+        return push if own == kombu_dumps(message) else None
+
+    def payload(self, key: str, task_id: str, tag: str) -> str:
+        """The exact string kombu would LPUSH for this occurrence, with delivery tag ``tag``
+        (see :func:`delivery_tags`)."""
+        return self.render(task_id, key, tag)
+
+    def render(self, task_id: str, key: str, tag: str) -> str:
+        values = (_encode(task_id), _encode(key), _encode(tag))
+        parts = self.parts
+        out = [parts[0]]
+        for slot, part in zip(self.slots, parts[1:], strict=True):
+            out += (values[slot], part)
+        return "".join(out)
+
+
+class Template(NamedTuple):
+    """A schedule's recorded ``Producer.publish`` call, replayed where no payload was captured.
+
+    A captured :class:`RedisPush` replaces it (it holds only the payload's text).
+    """
+
+    body: Any
+    kwargs: dict[str, Any]
