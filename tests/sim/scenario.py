@@ -139,10 +139,11 @@ def _run(world: World, observer: Observer, path: str) -> Result:
         "broker_connection_timeout": 1.0,
         "voltro_beat_max_lateness": lateness,
         "voltro_beat_worker_lease": 4.0,
-        # 36 s: an hour's retention sweep (see simulate) removes rows and raises the
-        # watermark while the replicas, the trigger and the backfills run.
-        "voltro_beat_runs_ttl_hours": 0.01,
-        "voltro_beat_claims_ttl_hours": 0.01,
+        # 21.6 s (above the longest lateness): an hour's retention sweep (see simulate)
+        # removes rows and raises the watermark while the replicas, the trigger and the
+        # backfills (up to a minute back) run.
+        "voltro_beat_runs_ttl_hours": 0.006,
+        "voltro_beat_claims_ttl_hours": 0.006,
         "result_expires": None,
         "beat_schedule": schedules,
     }
