@@ -148,6 +148,8 @@ class Dispatcher:
                 if self.halted:
                     complete = False
                     break
+                if not fenced.occurrences:  # its fence found none of them this replica's
+                    continue
                 if not self._holds(fenced):
                     fenced = self.fence(fenced.occurrences)
                 chunk = fenced.occurrences

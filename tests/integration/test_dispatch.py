@@ -166,6 +166,24 @@ def test_a_pause_right_before_the_write_must_outlast_a_whole_lease(
     assert sorted(sent_keys(app)) == sorted(o.key for o in runs)
 
 
+def test_a_chunk_its_fence_found_nothing_of_is_skipped(
+    stores: Callable[[str], BeatStore], app: Celery
+) -> None:
+    """Found by tests/sim (seed 443): a chunk whose fence found none of its runs still this
+    replica's (paused past their lease, taken over) was fenced again at its instant, with no
+    runs: ``max()`` of nothing raised, the step failed before its heartbeat (a booting replica
+    then took this one for dead and applied its catch-up policy), and the chunks due with it
+    waited for recovery. Fails without it: ValueError."""
+    holder = stores("holder")
+    a, b, c = claimed_now(holder)
+    d = dispatcher(holder, app)
+    holder.mark_published([a.key])  # no longer this replica's to send
+    gone = d.fence([a])
+    assert gone.occurrences == []
+    assert d.deliver([gone, d.fence([b, c])])
+    assert sorted(sent_keys(app)) == sorted([b.key, c.key])
+
+
 def test_sigterm_in_the_middle_of_a_write_waits_for_its_mark(
     stores: Callable[[str], BeatStore], app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
