@@ -77,10 +77,16 @@ def test_a_queue_refusing_messages_mid_burst(
     dep = chaos(broker="rabbitmq")
     boot(dep, schedules, REPLICAS)
     assert dep.worker is not None
+    # Stop the worker and limit the queue between two bursts, the worker done with the one
+    # before: a burst between the limit and the measured one would fill the queue first (the
+    # CI-mode run of 2026-12-06 counted 1,700 refused runs, two bursts' worth).
+    stopped = next_boundary(now(), EVERY, timedelta(seconds=4))
+    sleep_until(stopped)
     dep.worker.stop()
     limit(full_queue, dep.queue)
 
     instant = next_boundary(now() + timedelta(seconds=3), EVERY, timedelta(0))
+    assert instant - EVERY < stopped, "stopping the worker and limiting the queue took 8 s"
     # The burst meets the full queue; recovery tries the refused runs again meanwhile.
     sleep_until(instant + PUBLISH_TIMEOUT * 1.5)
     waiting = refused_rows(dep)
