@@ -289,14 +289,14 @@ class Dispatcher:
             keys, self.unsettled = self.unsettled, []
         try:
             self.store.settle(keys)
-        except StoreError:
+        except BaseException:  # a StoreError, or SystemExit from Celery's SIGTERM handler
             self._keep(self.unsettled, keys)
             raise
 
     def _mark(self, keys: list[str]) -> None:
         try:
             lost = self.store.mark_published(keys)
-        except StoreError:
+        except BaseException:  # a StoreError, or SystemExit from Celery's SIGTERM handler
             self._keep(self.unmarked, keys)
             raise
         self._keep(self.unsettled, keys)

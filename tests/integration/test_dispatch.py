@@ -137,6 +137,34 @@ def test_a_failed_mark_keeps_the_chunk_written_meanwhile(
     assert [o.key for o in taken] == [c.key]
 
 
+def test_sigterm_in_the_retry_of_a_failed_mark_keeps_it_for_close(
+    stores: Callable[[str], BeatStore], app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by tests/sim (seed 280 of the long run): a mark that failed is retried by the
+    next step's flush; Celery's SIGTERM handler raising SystemExit in the middle of that
+    statement dropped the runs from the ones waiting for their mark, so close() had nothing
+    left to mark and the rows never got their publish time (a worker that had started them
+    hid them from recovery). Fails without it: close() marks nothing."""
+    holder = stores("holder")
+    a, _, _ = claimed_now(holder)
+    d = dispatcher(holder, app)
+    failing_once(holder, "mark_published")
+    with pytest.raises(StoreError):
+        d.deliver([d.fence([a])])
+    assert d.unmarked == [a.key]
+    mark = holder.mark_published
+
+    def signalled(keys: Any) -> Any:
+        raise SystemExit()  # Celery's handler, in the middle of the statement
+
+    monkeypatch.setattr(holder, "mark_published", signalled)
+    with pytest.raises(SystemExit):
+        d.flush()
+    monkeypatch.setattr(holder, "mark_published", mark)
+    d.close()  # the scheduler's close, once the tick has unwound
+    assert row(holder, a.key)["status"] == "published"
+
+
 def test_a_pause_right_before_the_write_must_outlast_a_whole_lease(
     stores: Callable[[str], BeatStore], app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
