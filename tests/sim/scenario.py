@@ -275,11 +275,23 @@ def _run(world: World, observer: Observer, path: str) -> Result:
 
     def deploy() -> None:
         """A rolling deploy that changes one schedule's definition: new replicas boot, the
-        old ones stop (SIGTERM), one at a time."""
+        old ones stop (SIGTERM), one at a time. In some, the new version crashes: its first
+        replica dies a moment after it booted, while the old ones yield the schedule to it."""
         name = rng.choice(sorted(schedules))
         changed.add(name)
         definition = {**schedules, name: {**schedules[name], "args": [len(changed)]}}
         old = living()
+        if old and rng.random() < 0.3:
+            faults["crashing deploy"] += 1
+            slot = int(old[0].name[1:].split(".")[0])
+            crash = rng.uniform(0.5, 3.0)
+
+            def doomed() -> None:
+                replica = boot(slot + 10, definition)
+                _at(world, world.t + crash, replica.process.kill)
+
+            _at(world, world.t, doomed)
+            return
         for i, replica in enumerate(old):
             slot = int(replica.name[1:].split(".")[0])
             _at(world, world.t + i * 2.0, lambda slot=slot: boot(slot + 10, definition))
