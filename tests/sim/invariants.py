@@ -64,10 +64,27 @@ def check(world: World, observer: Observer, url: str, expect: Expectations) -> N
             ).scalar()
     finally:
         engine.dispose()
+    _swept_before_a_redelivery(observer, rows, swept)
     _rows(world, observer, rows, expect)
     _nothing_lost(world, observer, rows, expect, swept)
     _second_messages(world, observer, expect)
     _unmarked(world, observer, rows, expect)
+
+
+def _swept_before_a_redelivery(
+    observer: Observer, rows: Mapping[str, sa.Row], swept: datetime | None
+) -> None:
+    """Excuse a body run again for a redelivery that came after the runs' retention swept
+    its row (a backfill of occurrences near the retention's horizon, swept while the broker
+    still held a copy): the ledger no longer knows the first execution. A window of
+    docs/guarantees.md; the simulation's 21.6 s retention makes it frequent, 30 days rare."""
+    if swept is None:
+        return
+    observer.violations[:] = [
+        v
+        for v in observer.violations
+        if not (v.kind == "executed twice" and v.key not in rows and instant_of(v.key) < swept)
+    ]
 
 
 def _t(world: World, at: datetime) -> float:
