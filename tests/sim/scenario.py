@@ -383,7 +383,9 @@ def _run(world: World, observer: Observer, path: str) -> Result:
             _at(world, down + rng.uniform(2.0, lateness * 1.5), lambda slot=slot: boot(slot))
 
     def ensure_alive() -> None:
-        if not living():
+        # One that was sent SIGTERM is on its way out (seeds 1378 and 1506 of the long run
+        # ended with no replica to recover what the last one left claimed).
+        if not [r for r in living() if not r.process.stopping]:
             boot(0)
         if not any(w.process.alive for w in workers):
             start_worker()

@@ -92,6 +92,8 @@ class Process:
         self._holding = 0
         self._pending_signal = False
         self.exited = False
+        #: It was sent SIGTERM: it is on its way out, however long that takes.
+        self.stopping = False
 
     # -- clocks ---------------------------------------------------------------------------
 
@@ -125,6 +127,7 @@ class Process:
         if not self.alive or self.main is None or self.main.dead:
             return
         self.world.log(self.name, "sigterm")
+        self.stopping = True
         self.world.interrupt(self.main)
 
     @contextmanager
