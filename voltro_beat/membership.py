@@ -56,7 +56,7 @@ class Membership:
         #: Schedules some live replica (this one included) runs.
         self.known: set[str] = set(self.schedules)
         #: Schedule -> when the longest-running other live replica that runs it started.
-        self.elsewhere: dict[str, datetime] = {}
+        self.live_since: dict[str, datetime] = {}
         self.live: list[Replica] = []
         self._maps: dict[str, tuple[str, dict[str, str]]] = {}
         self._said: set[tuple[Any, ...]] = set()
@@ -176,13 +176,13 @@ class Membership:
             for name, schedules in self.registry.schedules(wanted).items():
                 self._maps[name] = (replicas.digest(schedules), schedules)
         maps = {r.name: self._maps[r.name][1] for r in others if r.name in self._maps}
-        self.elsewhere = {}
+        self.live_since = {}
         for r in others:
             started = r.started_at
             if started is None:
                 continue
             for name in maps.get(r.name, {}):
-                self.elsewhere[name] = min(self.elsewhere.get(name, started), started)
+                self.live_since[name] = min(self.live_since.get(name, started), started)
         maps[me] = self.schedules
         self.known = set().union(*maps.values())
         mine = next((r for r in self.live if r.name == me), None)

@@ -215,7 +215,7 @@ class Engine:
         # An external entry is fired by `voltro-beat trigger` alone: no timer, no catch-up
         # (its untriggered occurrences stay gaps in the ledger).
         entries = [e for e in self.entries.values() if e.trigger == "beat"]
-        backfill = self.recorder.catch_up(entries, now, self.membership.elsewhere)
+        backfill = self.recorder.catch_up(entries, now, self.membership.live_since)
         self._record(backfill, now)
         for entry in entries:
             first = next_after(entry.spec, now)
