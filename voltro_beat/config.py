@@ -22,9 +22,14 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from voltro_beat.clock import ClockMode
 from voltro_beat.coordination import ALIASES, Coordination
 from voltro_beat.exceptions import ConfigurationError
+from voltro_beat.schedules import DEFAULT_GROUP
 
 #: The embedded default: a SQLite file next to where beat runs.
 DEFAULT_STORE_URL = "sqlite:///voltro-beat.sqlite3"
+#: Shards per group in ``cluster`` coordination: enough that three to ten replicas share them
+#: within a few percent of evenly, few enough that each heartbeat renews them in one statement.
+DEFAULT_SHARDS = 64
+MAX_SHARDS = 4096
 
 
 class Origin(StrEnum):
@@ -81,6 +86,10 @@ class Settings:
     #: How long a worker's start claim holds a run row without a renewal (worker side): a
     #: second delivery of a started occurrence runs once the first's lease has lapsed.
     worker_lease: timedelta = timedelta(seconds=30)
+    #: The replica's group: it fires only the schedules of this group.
+    group: str = DEFAULT_GROUP
+    #: Shards per group in ``cluster`` coordination (the same on every replica of a group).
+    shards: int = DEFAULT_SHARDS
     #: Where each value came from, by field name (empty when built by hand).
     sources: Mapping[str, Source] = field(default_factory=dict, compare=False, repr=False)
 
@@ -169,18 +178,23 @@ def _text(key: str, value: Any) -> str:
 
 
 def _coordination(key: str, value: Any) -> Coordination:
-    if value == "cluster":
-        raise ConfigurationError(
-            "coordination 'cluster' is not available yet; use 'advisory_lock' or 'single'",
-            field=key,
-        )
     try:
         return ALIASES.get(str(value)) or Coordination(value)
     except ValueError:
         raise ConfigurationError(
-            f"unknown coordination {value!r}; expected one of 'advisory_lock', 'single'",
+            f"unknown coordination {value!r}; expected one of 'advisory_lock', 'cluster', 'single'",
             field=key,
         ) from None
+
+
+def _shards(key: str, value: Any) -> int:
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit():
+        raise ConfigurationError(f"expected a whole number of shards, got {value!r}", field=key)
+    count = int(text)
+    if not 1 <= count <= MAX_SHARDS:
+        raise ConfigurationError(f"expected 1 to {MAX_SHARDS} shards, got {value!r}", field=key)
+    return count
 
 
 def _clock(key: str, value: Any) -> ClockMode:
@@ -329,5 +343,9 @@ SETTINGS: tuple[Setting, ...] = (
             None,                       _text),
     Setting("worker_lease",     "voltro_beat_worker_lease",     "VOLTRO_BEAT_WORKER_LEASE",
             timedelta(seconds=30),      _duration),
+    Setting("group",            "voltro_beat_group",            "VOLTRO_BEAT_GROUP",
+            DEFAULT_GROUP,              _text),
+    Setting("shards",           "voltro_beat_shards",           "VOLTRO_BEAT_SHARDS",
+            DEFAULT_SHARDS,             _shards),
 )
 # fmt: on

@@ -18,6 +18,7 @@ from typing import Any
 from voltro_beat import logs, replicas
 from voltro_beat.clock import Clock, ClockMode
 from voltro_beat.config import Settings
+from voltro_beat.coordination import Coordination
 from voltro_beat.exceptions import StoreError
 from voltro_beat.replicas import Replica
 from voltro_beat.schedules import Entry
@@ -128,6 +129,8 @@ class Membership:
             "coordination": str(s.coordination),
             "publish_timeout": s.publish_timeout.total_seconds(),
             "max_lateness": s.max_lateness.total_seconds(),
+            "group": s.group,
+            "shards": s.shards,
         }
 
     def _adopt_clock(self) -> None:
@@ -194,7 +197,13 @@ class Membership:
             and mine.started_at is not None
             and (r.started_at, r.name) > (mine.started_at, me)
         ]
-        yielded = replicas.stand_down(me, self.schedules, newer)
+        # In cluster coordination a schedule fires on its shard's owner, with that replica's
+        # definition: the shards move to the new replicas as the old ones stop.
+        yielded = (
+            {}
+            if self.settings.coordination is Coordination.CLUSTER
+            else replicas.stand_down(me, self.schedules, newer)
+        )
         for name in yielded.keys() - self.yielded.keys():
             logger.warning(
                 "voltro_beat: schedule %s changed on the newer replica %s: it fires there, "

@@ -94,6 +94,9 @@ class CustomSpec:
     typical: timedelta | None = field(default=None, compare=False, repr=False)
 
 
+#: The group of a replica or schedule that names none.
+DEFAULT_GROUP = "default"
+
 Spec = IntervalSpec | CronSpec | SolarSpec | ClockedSpec | CustomSpec
 SPEC_TYPES = (IntervalSpec, CronSpec, SolarSpec, ClockedSpec, CustomSpec)
 
@@ -114,6 +117,8 @@ class Entry:
     overlap_timeout: timedelta | None
     #: ``beat`` or ``external``: an external entry is fired only by ``voltro-beat trigger``.
     trigger: str = "beat"
+    #: The replicas that fire it: those of this group (``voltro_beat_group``).
+    group: str = DEFAULT_GROUP
 
 
 def to_spec(
@@ -199,6 +204,7 @@ _VOLTRO_KEYS = {
     "on_overlap",
     "overlap_timeout",
     "trigger",
+    "group",
 }
 #: What only beat's own firing does: refused on an external entry rather than ignored.
 _BEAT_ONLY = ("catch_up", "on_overlap", "overlap_timeout")
@@ -214,7 +220,7 @@ def parse_entries(
 
     Celery's keys (``task``, ``schedule``, ``args``, ``kwargs``, ``options``, ``relative``)
     plus voltro's (``tz``, ``anchor``, ``max_lateness``, ``catch_up``, ``on_overlap``,
-    ``overlap_timeout``, ``trigger``); any other key is an error, so typos do not pass
+    ``overlap_timeout``, ``trigger``, ``group``); any other key is an error, so typos do not pass
     silently. ``tz`` is the app's timezone and ``max_lateness`` the default for entries that
     set none.
     """
@@ -280,7 +286,16 @@ def _entry(name: object, raw: object, app_tz: str | None, max_lateness: timedelt
             else _duration(raw["overlap_timeout"], name, "overlap_timeout")
         ),
         trigger=trigger,
+        group=_group(raw.get("group", DEFAULT_GROUP), name),
     )
+
+
+def _group(value: object, entry: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(
+            f"a group name (non-empty string) is required, not {value!r}", **_at(entry, "group")
+        )
+    return value.strip()
 
 
 def _at(entry: str, field: str) -> dict[str, str]:

@@ -399,12 +399,13 @@ class Deployment:
             "-l", self.loglevel, "-s", str(self.workdir / f"celerybeat-{name}"),
         ]  # fmt: skip
 
-    def start_beats(self, *names: str) -> None:
+    def start_beats(self, *names: str, **env: str) -> None:
+        """Start replicas ``names``, with ``env`` as further environment variables."""
         for name in names:
             self.beats[name] = self.procs.start(
                 name,
                 self.beat_argv(name),
-                env=self.env(VOLTRO_BEAT_REPLICA=name),
+                env=self.env(VOLTRO_BEAT_REPLICA=name, **env),
                 cwd=self.workdir,
                 log=self._log(name),
             )

@@ -96,11 +96,23 @@ def test_coordination_aliases(alias: str) -> None:
     assert s.coordination == "advisory_lock"
 
 
+def test_cluster_coordination_with_its_group_and_shards() -> None:
+    s = Settings.resolve(
+        {"voltro_beat_coordination": "cluster", "voltro_beat_shards": "16"},
+        environ={"VOLTRO_BEAT_GROUP": "billing"},
+    )
+    assert (s.coordination, s.group, s.shards) == ("cluster", "billing", 16)
+    assert Settings.resolve({}, environ={}).group == "default"
+
+
 @pytest.mark.parametrize(
     ("conf", "setting"),
     [
         ({"voltro_beat_coordination": "leader"}, "voltro_beat_coordination"),
-        ({"voltro_beat_coordination": "cluster"}, "voltro_beat_coordination"),
+        ({"voltro_beat_shards": 0}, "voltro_beat_shards"),
+        ({"voltro_beat_shards": "many"}, "voltro_beat_shards"),
+        ({"voltro_beat_shards": 5000}, "voltro_beat_shards"),
+        ({"voltro_beat_group": " "}, "voltro_beat_group"),
         ({"voltro_beat_max_lateness": 0}, "voltro_beat_max_lateness"),
         ({"voltro_beat_max_lateness": "soon"}, "voltro_beat_max_lateness"),
         ({"voltro_beat_store_url": ""}, "voltro_beat_store_url"),

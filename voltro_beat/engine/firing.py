@@ -27,9 +27,11 @@ from importlib.metadata import version
 from voltro_beat import retention
 from voltro_beat.clock import Clock
 from voltro_beat.config import Settings
+from voltro_beat.coordination import Coordination
 from voltro_beat.dispatch import Dispatcher
 from voltro_beat.engine import recovery, upkeep
 from voltro_beat.engine.guard import Guard
+from voltro_beat.engine.ownership import Ownership
 from voltro_beat.engine.ready import NEVER, Ready
 from voltro_beat.engine.recorder import Recorder, graces, run_of
 from voltro_beat.engine.timeline import Pending, Timeline
@@ -87,7 +89,9 @@ class Engine:
         runner: Runner | None = None,
     ) -> None:
         """Raises :class:`~voltro_beat.exceptions.ConfigurationError` for settings or entries
-        the retention policies contradict (:func:`voltro_beat.engine.upkeep.policies`)."""
+        the retention policies contradict (:func:`voltro_beat.engine.upkeep.policies`).
+        Of ``entries``, it fires those of its group (``settings.group``)."""
+        entries = {n: e for n, e in entries.items() if e.group == settings.group}
         self.settings = settings
         self.entries = entries
         self.store = store
@@ -113,12 +117,18 @@ class Engine:
             graces(entries.values()),
             self.metrics,
         )
+        #: The shards this replica owns (``cluster`` coordination).
+        self.ownership = (
+            Ownership(store, settings, entries)
+            if settings.coordination is Coordination.CLUSTER
+            else None
+        )
         ahead = len(entries) - len(overlap_timeouts)
         self.timeline = Timeline(
             min(LEAD_MAX, LEAD_MIN + CLAIM_COST * ahead),
             self.lease,
             overlap_timeouts.keys(),
-            lambda: membership.yielded,
+            self._deferred,
         )
         self.sweeper = Sweeper(store, membership, upkeep.policies(settings, entries.values()))
         self.health = Health(settings.health_file, self.metrics, store, clock)
@@ -167,7 +177,7 @@ class Engine:
         # yielded to a newer replica); the rest of the step is upkeep.
         self.ready.publish()
         if clock.now() >= self._next_heartbeat:
-            if self.membership.beat():
+            if self.membership.beat() | self._own():
                 self.timeline.requeue()
             self.health.touch()
             self._next_heartbeat = clock.now() + self.membership.interval
@@ -215,8 +225,10 @@ class Engine:
         # An external entry is fired by `voltro-beat trigger` alone: no timer, no catch-up
         # (its untriggered occurrences stay gaps in the ledger).
         entries = [e for e in self.entries.values() if e.trigger == "beat"]
-        backfill = self.recorder.catch_up(entries, now, self.membership.live_since)
-        self._record(backfill, now)
+        if self.ownership is None:
+            self._catch_up(entries, now)
+        else:
+            self._own()  # catches up on the shards it takes
         for entry in entries:
             first = next_after(entry.spec, now)
             if first is not None:
@@ -240,6 +252,7 @@ class Engine:
             return
         yielded = self.membership.yielded
         down = self.health.down_since
+        owned = self.ownership
         try:
             self._record(
                 [
@@ -249,6 +262,9 @@ class Engine:
                         Occurrence.of(p.entry.name, at), p.entry.task, Status.MISSED, Reason.YIELDED
                     )
                     for p in due
+                    # Another shard owner's (it fired them, or whoever takes its shard next
+                    # catches up on them).
+                    if owned is None or owned.holds(p.entry.name)
                     for at in p.instants
                 ],
                 now,
@@ -262,8 +278,30 @@ class Engine:
                     self.timeline.push(p)
 
     def _record(self, runs: list[Run], now: datetime) -> None:
-        for o in self.recorder.record(runs, now):
+        tenure = None if self.ownership is None else self.ownership.tenure
+        for o in self.recorder.record(runs, now, tenure):
             self.ready.push(o)
+
+    def _catch_up(self, entries: list[Entry], now: datetime) -> None:
+        self._record(self.recorder.catch_up(entries, now, self.membership.live_since), now)
+
+    # -- cluster coordination -------------------------------------------------------------
+
+    def _deferred(self, name: str) -> bool:
+        """Whether schedule ``name`` is another replica's to fire, as far as this one knows."""
+        if self.ownership is not None:
+            return not self.ownership.holds(name)
+        return name in self.membership.yielded
+
+    def _own(self) -> bool:
+        """Bring the shards owned in step with the live members (``cluster``), and catch up
+        on the shards just taken; returns whether the shards owned changed."""
+        if self.ownership is None:
+            return False
+        changed, gained = self.ownership.refresh(self.membership.live)
+        entries = [self.entries[name] for name in gained]
+        self._catch_up([e for e in entries if e.trigger == "beat"], self.clock.now())
+        return changed
 
     # -- timing ---------------------------------------------------------------------------
 
@@ -319,6 +357,8 @@ class Engine:
         try:
             self.ready.flush(wait)
             if self.booted:
+                if self.ownership is not None:
+                    self.ownership.release()
                 self.membership.leave()
         except Exception as exc:  # a stopping beat must still stop
             logger.warning("voltro_beat: could not finish cleanly: %s", exc)

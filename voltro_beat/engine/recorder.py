@@ -16,6 +16,7 @@ from voltro_beat.metrics import Metrics
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.runs import Run
 from voltro_beat.schedules import Entry, cadence
+from voltro_beat.shards import Tenure
 from voltro_beat.status import Reason, Status
 from voltro_beat.store.beat import BeatStore
 
@@ -61,8 +62,11 @@ class Recorder:
         self._graces = graces
         self._metrics = metrics
 
-    def record(self, runs: list[Run], now: datetime) -> list[Occurrence]:
-        """Send ``runs`` through the gate; return the occurrences won to publish."""
+    def record(
+        self, runs: list[Run], now: datetime, tenure: Tenure | None = None
+    ) -> list[Occurrence]:
+        """Send ``runs`` through the gate (as the shard owner ``tenure`` says, in ``cluster``
+        coordination); return the occurrences won to publish."""
         # Sorted by key, every replica locks the keys in the same order: no deadlock between
         # claim statements.
         runs = sorted(self._guard.apply(runs, now), key=lambda r: r.occurrence.key)
@@ -72,7 +76,11 @@ class Recorder:
             batch = runs[i : i + BATCH]
             with self._metrics.claim_statement():
                 won = self._store.claim(
-                    batch, coordination=self._coordination, lease=self._lease, prune=self._graces
+                    batch,
+                    coordination=self._coordination,
+                    lease=self._lease,
+                    prune=self._graces,
+                    tenure=tenure,
                 )
             self._metrics.recorded(batch, won)
             lost = len(batch) - len(won)
@@ -105,7 +113,8 @@ class Recorder:
     def catch_up(
         self, entries: Sequence[Entry], now: datetime, live_since: Mapping[str, datetime]
     ) -> list[Run]:
-        """At boot: the runs of ``entries``' occurrences since their last recorded one that
+        """At boot (in ``cluster`` coordination, when this replica takes their shard): the
+        runs of ``entries``' occurrences since their last recorded one that
         their ``catch_up`` policy asks to record (:mod:`voltro_beat.catchup`); the policy is
         for downtime, so not for the occurrences after ``live_since[name]``, when another
         live replica that runs the schedule had started."""

@@ -2,8 +2,9 @@
 
 An occurrence is claimed a lead ahead of its instant (so that a burst is in the store before
 its boundary), a schedule with an overlap policy at its instant (when its predecessor's state
-is known), and a schedule yielded to a newer replica's definition a lease after its instant
-(see :meth:`voltro_beat.engine.Engine.step`).
+is known), and a schedule another replica fires (yielded to a newer replica's definition, or
+in a shard another replica owns) a lease after its instant, in case that replica is gone by
+then (see :meth:`voltro_beat.engine.Engine.step`).
 """
 
 from __future__ import annotations
@@ -48,14 +49,14 @@ class Timeline:
         lead: timedelta,
         lease: timedelta,
         guarded: Collection[str],
-        yielded: Callable[[], Collection[str]],
+        deferred: Callable[[str], bool],
     ) -> None:
         self.lead = lead
         self._lease = lease
         #: Schedules with an overlap policy: claimed at their instant.
         self._guarded = guarded
-        #: The schedules yielded to a newer replica's definition, as the registry says now.
-        self._yielded = yielded
+        #: Whether a schedule is another replica's to fire, as far as this one knows now.
+        self._deferred = deferred
         self._heap: list[tuple[datetime, int, Pending]] = []
         self._seq = itertools.count()
 
@@ -82,13 +83,13 @@ class Timeline:
         return due
 
     def requeue(self) -> None:
-        """Give every schedule its claim time again (the schedules yielded changed)."""
+        """Give every schedule its claim time again (the schedules deferred changed)."""
         self._heap = [(self._claim_time(p), seq, p) for _, seq, p in self._heap]
         heapq.heapify(self._heap)
 
     def _claim_time(self, pending: Pending) -> datetime:
         name = pending.entry.name
-        if name in self._yielded():
+        if self._deferred(name):
             lead = -self._lease
         elif name in self._guarded:
             lead = timedelta(0)

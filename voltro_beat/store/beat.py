@@ -1,6 +1,7 @@
 """Beat's side of the store: claims, run rows and the publish fence, the writes of the firing
 path. :class:`BeatStore` is the one object a replica holds; what recovery writes comes from
-:mod:`voltro_beat.store.leases`, what retention writes from :mod:`voltro_beat.store.sweeps`.
+:mod:`voltro_beat.store.leases`, what retention writes from :mod:`voltro_beat.store.sweeps`, and
+a cluster replica's shard leases from :mod:`voltro_beat.store.shard_leases`.
 
 Every write of the firing path is one statement or one short transaction per batch; every
 driver error leaves here as :class:`~voltro_beat.exceptions.StoreError` (guarantee 5: the
@@ -21,10 +22,12 @@ import sqlalchemy as sa
 from voltro_beat.clock import Reading
 from voltro_beat.coordination import Coordination, Outcome
 from voltro_beat.runs import Run
+from voltro_beat.shards import Tenure
 from voltro_beat.status import Status
 from voltro_beat.store.database import Database
 from voltro_beat.store.dialect import SQLITE_CHUNK, chunks
 from voltro_beat.store.leases import Leases
+from voltro_beat.store.shard_leases import ShardLeases
 from voltro_beat.store.sweeps import Sweeps
 from voltro_beat.store.tables import claims, replicas, runs
 
@@ -38,7 +41,7 @@ class Fence(NamedTuple):
     reading: Reading | None
 
 
-class BeatStore(Leases, Sweeps):
+class BeatStore(Leases, Sweeps, ShardLeases):
     """What a beat replica reads and writes, as replica ``replica`` of ``database``."""
 
     def __init__(self, database: Database, *, replica: str) -> None:
@@ -60,17 +63,22 @@ class BeatStore(Leases, Sweeps):
         coordination: Coordination,
         lease: timedelta,
         prune: Mapping[str, timedelta] | None = None,
+        tenure: Tenure | None = None,
     ) -> set[str]:
         """Record ``runs``; return the keys of those this replica won.
 
         Under a coordination that claims, each key first goes through the claims table
         (guarantee 2); either way the run row's primary key is the last fence (guarantee 4).
+        A shard owner (``cluster``) passes its ``tenure``: a run whose shard it no longer holds
+        at the epoch the tenure says, under a lease still running, is refused (guarantee 14).
         Claims and run rows are one transaction (guarantee 3). A ``claimed`` row is this
         replica's to publish for ``lease`` from its instant (or from now, if that is later).
         ``prune`` maps a schedule to how long its claims outlive a newer win: the winner
         deletes the older ones.
         """
-        return self._claim(runs, coordination.claims, coordination.outcome, lease, prune or {})
+        return self._claim(
+            runs, coordination.claims, coordination.outcome, lease, prune or {}, tenure
+        )
 
     def claim_external(self, run: Run, *, lease: timedelta) -> bool:
         """Record ``run`` for an external trigger; True if this call won it.
@@ -79,7 +87,7 @@ class BeatStore(Leases, Sweeps):
         the platform that triggers (a CronJob may start twice), not from a second replica.
         The run row's outcome is ``external``.
         """
-        return bool(self._claim([run], True, Outcome.EXTERNAL, lease, {}))
+        return bool(self._claim([run], True, Outcome.EXTERNAL, lease, {}, None))
 
     def _claim(
         self,
@@ -88,11 +96,18 @@ class BeatStore(Leases, Sweeps):
         outcome: Outcome,
         lease: timedelta,
         prune: Mapping[str, timedelta],
+        tenure: Tenure | None,
     ) -> set[str]:
         if not runs:
             return set()
         return self.database.dialect.claim(
-            runs, gated=gated, outcome=outcome, lease=lease, prune=prune, replica=self.replica
+            runs,
+            gated=gated,
+            outcome=outcome,
+            lease=lease,
+            prune=prune,
+            replica=self.replica,
+            tenure=tenure,
         )
 
     def fence(

@@ -22,6 +22,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from voltro_beat.clock import ClockMode
 from voltro_beat.coordination import Outcome
 from voltro_beat.runs import Run
+from voltro_beat.shards import Tenure
 
 if TYPE_CHECKING:
     from voltro_beat.store.database import Database
@@ -118,10 +119,12 @@ class Dialect(ABC):
         lease: timedelta,
         prune: Mapping[str, timedelta],
         replica: str,
+        tenure: Tenure | None,
     ) -> set[str]:
         """Record the runs of ``batch`` for ``replica`` (through the claims table first if
-        ``gated``), refusing those older than the runs watermark; the keys recorded. See
-        ``BeatStore.claim``."""
+        ``gated`` or given a ``tenure``), refusing those older than the runs watermark, and,
+        given a ``tenure``, those whose shard ``replica`` does not hold at the epoch it says
+        under a lease still running; the keys recorded. See ``BeatStore.claim``."""
 
     @abstractmethod
     def fence(

@@ -25,9 +25,10 @@ from sqlalchemy.engine import URL, Connection, Engine
 from voltro_beat.clock import ClockMode
 from voltro_beat.coordination import Outcome
 from voltro_beat.runs import Run
+from voltro_beat.shards import Tenure
 from voltro_beat.status import Status
 from voltro_beat.store.dialect import Dialect, chunks
-from voltro_beat.store.tables import CLAIMS, RUNS, WATERMARKS, replicas
+from voltro_beat.store.tables import CLAIMS, RUNS, SHARDS, WATERMARKS, replicas
 
 if TYPE_CHECKING:
     from voltro_beat.store.database import Database
@@ -47,7 +48,8 @@ _INPUT = f"""
 WITH input AS (
     SELECT e->>0 AS id, e->>1 AS schedule, e->>2 AS task, e->>3 AS task_id,
            CAST(e->>4 AS timestamptz) AS scheduled_at, e->>5 AS status, e->>6 AS reason,
-           CAST(e->>7 AS timestamptz) AS prune_before, CAST(e->>8 AS timestamptz) AS deadline
+           CAST(e->>7 AS timestamptz) AS prune_before, CAST(e->>8 AS timestamptz) AS deadline,
+           CAST(e->>9 AS integer) AS shard, CAST(e->>10 AS integer) AS epoch
     FROM json_array_elements(CAST(:rows AS json)) AS e
     -- Older than a run row the retention swept: refused (BeatStore.delete_expired).
     WHERE CAST(e->>4 AS timestamptz) >= COALESCE(
@@ -58,9 +60,9 @@ WITH input AS (
 _RUNS_INSERT = f"""
     INSERT INTO {RUNS}
         (id, schedule, task, task_id, scheduled_at, coordination_outcome, status, reason,
-         replica, claimed_at, deadline, lease_until)
+         replica, claimed_at, deadline, shard, epoch, lease_until)
     SELECT i.id, i.schedule, i.task, i.task_id, i.scheduled_at, :outcome, i.status, i.reason,
-           :replica, clock_timestamp(), i.deadline,
+           :replica, clock_timestamp(), i.deadline, i.shard, i.epoch,
            CASE WHEN i.status = {_CLAIMED}
                 THEN GREATEST(i.scheduled_at, clock_timestamp()) + make_interval(secs => :lease)
            END
@@ -68,21 +70,31 @@ _RUNS_INSERT = f"""
     ON CONFLICT DO NOTHING
     RETURNING id"""
 
-#: Claims, then run rows for the claims that went in, then the winner's pruning of its
-#: schedules' older claims; returns the keys won. Parameters: rows (JSON), replica, outcome,
-#: lease (seconds).
-CLAIM = (
-    _INPUT
-    + f""",
+#: A shard owner claims only what it still owns: its shard at the epoch it holds, under a lease
+#: that has not run out as the statement runs (guarantee 14). Parameter: group.
+_OWNED = f"""
+    WHERE EXISTS (
+        SELECT 1 FROM {SHARDS} s
+        WHERE s.shard_group = :group AND s.shard = i.shard AND s.epoch = i.epoch
+          AND s.owner = :replica AND s.lease_until > clock_timestamp())"""
+
+
+def _claim(owned: str) -> str:
+    """Claims, then run rows for the claims that went in, then the winner's pruning of its
+    schedules' older claims; returns the keys won. Parameters: rows (JSON), replica, outcome,
+    lease (seconds), and those of ``owned`` (a condition on the input row ``i``)."""
+    return (
+        _INPUT
+        + f""",
 gated AS (
     INSERT INTO {CLAIMS} (id, schedule, scheduled_at, claimed_at, replica)
-    SELECT id, schedule, scheduled_at, clock_timestamp(), :replica FROM input
+    SELECT i.id, i.schedule, i.scheduled_at, clock_timestamp(), :replica FROM input i {owned}
     ON CONFLICT DO NOTHING
     RETURNING id
 ),
 recorded AS ("""
-    + _RUNS_INSERT.format(join="JOIN gated g ON g.id = i.id")
-    + f"""
+        + _RUNS_INSERT.format(join="JOIN gated g ON g.id = i.id")
+        + f"""
 ),
 pruned AS (
     DELETE FROM {CLAIMS} c
@@ -90,7 +102,13 @@ pruned AS (
     WHERE c.schedule = i.schedule AND c.scheduled_at < i.prune_before
 )
 SELECT id FROM recorded"""
-)
+    )
+
+
+#: Through the claims table (``advisory_lock``, the external trigger, operators' commands).
+CLAIM = _claim("")
+#: Through the claims table, as a shard's owner (``cluster``); also parameter ``group``.
+CLAIM_OWNED = _claim(_OWNED)
 
 #: Run rows only (``single`` coordination); returns the keys recorded.
 RECORD = (
@@ -220,7 +238,9 @@ class PostgreSQL(Dialect):
         lease: timedelta,
         prune: Mapping[str, timedelta],
         replica: str,
+        tenure: Tenure | None,
     ) -> set[str]:
+        held = {} if tenure is None else tenure.held
         rows = []
         for run in batch:
             o = run.occurrence
@@ -236,16 +256,22 @@ class PostgreSQL(Dialect):
                     run.reason,
                     None if grace is None else (o.scheduled_at - grace).isoformat(),
                     None if run.deadline is None else run.deadline.isoformat(),
+                    *held.get(o.schedule, (None, None)),
                 ]
             )
-        params = {
+        params: dict[str, Any] = {
             "rows": json.dumps(rows),
             "replica": replica,
             "outcome": outcome.value,
             "lease": lease.total_seconds(),
         }
+        statement = RECORD
+        if tenure is not None:
+            statement, params["group"] = CLAIM_OWNED, tenure.group
+        elif gated:
+            statement = CLAIM
         with self.statement() as conn:
-            return {row[0] for row in conn.execute(sa.text(CLAIM if gated else RECORD), params)}
+            return {row[0] for row in conn.execute(sa.text(statement), params)}
 
     def fence(
         self, keys: Sequence[str], *, replica: str, hold: timedelta, start: datetime | None

@@ -23,9 +23,10 @@ from sqlalchemy.engine import URL, Connection, Engine
 from voltro_beat.clock import ClockMode
 from voltro_beat.coordination import Outcome
 from voltro_beat.runs import Run
+from voltro_beat.shards import Tenure
 from voltro_beat.status import Status
 from voltro_beat.store.dialect import SQLITE_CHUNK, Dialect, chunks
-from voltro_beat.store.tables import RUNS, claims, instant, runs, watermarks
+from voltro_beat.store.tables import RUNS, claims, instant, runs, shards, watermarks
 
 if TYPE_CHECKING:
     from voltro_beat.store.database import Database
@@ -114,8 +115,10 @@ class SQLite(Dialect):
         lease: timedelta,
         prune: Mapping[str, timedelta],
         replica: str,
+        tenure: Tenure | None,
     ) -> set[str]:
         won: set[str] = set()
+        held = {} if tenure is None else tenure.held
         with self.statement() as conn:
             # Read at BEGIN: no other writer acts before the commit, and a pause since only
             # shortens the leases.
@@ -125,6 +128,18 @@ class SQLite(Dialect):
             ).scalar()
             if floor is not None:  # see BeatStore.delete_expired
                 batch = [r for r in batch if r.occurrence.scheduled_at >= floor]
+            if tenure is not None:  # guarantee 14
+                current = {
+                    (shard, epoch)
+                    for shard, epoch in conn.execute(
+                        sa.select(shards.c.shard, shards.c.epoch).where(
+                            shards.c.shard_group == tenure.group,
+                            shards.c.owner == replica,
+                            shards.c.lease_until > now,
+                        )
+                    )
+                }
+                batch = [r for r in batch if held.get(r.occurrence.schedule) in current]
             for chunk in chunks(batch, SQLITE_CHUNK):
                 if gated:
                     rows = [
@@ -149,7 +164,7 @@ class SQLite(Dialect):
                         continue
                 stmt = (
                     sqlite.insert(runs)
-                    .values([_run_row(r, outcome, replica, now, lease) for r in chunk])
+                    .values([_run_row(r, outcome, replica, now, lease, held) for r in chunk])
                     .on_conflict_do_nothing()
                     .returning(runs.c.id)
                 )
@@ -268,11 +283,19 @@ class SQLite(Dialect):
 
 
 def _run_row(
-    run: Run, outcome: Outcome, replica: str, now: datetime, lease: timedelta
+    run: Run,
+    outcome: Outcome,
+    replica: str,
+    now: datetime,
+    lease: timedelta,
+    held: Mapping[str, tuple[int, int]],
 ) -> dict[str, Any]:
     # A claimed row's lease runs from its instant (claimed ahead) or from now (claimed late).
     o = run.occurrence
+    shard, epoch = held.get(o.schedule, (None, None))
     return {
+        "shard": shard,
+        "epoch": epoch,
         "id": o.key,
         "schedule": o.schedule,
         "task": run.task,

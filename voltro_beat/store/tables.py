@@ -1,4 +1,5 @@
-"""voltro_beat's tables (claims, runs, the replica registry, watermarks): SQLAlchemy Core.
+"""voltro_beat's tables (claims, runs, the replica registry, watermarks, shard leases):
+SQLAlchemy Core.
 
 ``_voltro_schedule_claims`` is the short fence (pruned fast); ``_voltro_schedule_runs`` is the
 run ledger and the long fence: both are keyed by the occurrence key (guarantee 4). Status
@@ -35,6 +36,7 @@ CLAIMS = "_voltro_schedule_claims"
 RUNS = "_voltro_schedule_runs"
 REPLICAS = "_voltro_beat_replicas"
 WATERMARKS = "_voltro_beat_watermarks"
+SHARDS = "_voltro_beat_shards"
 VERSION_TABLE = "_voltro_beat_alembic_version"
 
 
@@ -128,6 +130,10 @@ runs = Table(
     # Deliveries of this occurrence the worker did not run (another one was live or done).
     # NULL until the first one: a row pays no space for it on the firing path (migration 0005).
     Column("duplicates", Integer),
+    # Cluster coordination: the shard of the schedule and the epoch its owner claimed the run
+    # at (NULL otherwise; migration 0007).
+    Column("shard", Integer),
+    Column("epoch", Integer),
     Index("ix_voltro_runs_schedule_at", "schedule", "scheduled_at"),
     # Newest first (the retention sweep, `voltro-beat runs`, the admin's pages), also within
     # one status or coordination outcome (the admin's filters); the key breaks ties.
@@ -183,4 +189,18 @@ watermarks = Table(
     metadata,
     Column("name", Text, primary_key=True),
     Column("before", UTCDateTime, nullable=False),
+)
+
+#: Cluster coordination's shard leases: per group and shard, its owner (NULL: free), the epoch
+#: (one more at every change of owner), the owner's lease and when the owner last changed, on
+#: the database's clock.
+shards = Table(
+    SHARDS,
+    metadata,
+    Column("shard_group", Text, primary_key=True),
+    Column("shard", Integer, primary_key=True),
+    Column("owner", Text),
+    Column("epoch", Integer, nullable=False, server_default=text("0")),
+    Column("lease_until", UTCDateTime),
+    Column("changed_at", UTCDateTime),
 )

@@ -1,0 +1,98 @@
+"""Cluster coordination in the store, on SQLite and on PostgreSQL: shard leases, and the epoch
+check of a shard owner's claim (guarantee 14)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from test_store import LEASE, SHORT, occ, recent, stores  # noqa: F401 (a fixture)
+
+from voltro_beat.coordination import Coordination
+from voltro_beat.shards import Tenure
+from voltro_beat.store.beat import BeatStore
+from voltro_beat.store.shard_leases import read_shards
+
+CLUSTER = Coordination.CLUSTER
+Stores = Callable[[str], BeatStore]
+
+
+def take(store: BeatStore, *shards: int, lease=LEASE) -> dict[int, int]:  # type: ignore[no-untyped-def]
+    return store.exchange_shards("g", keep={}, release=(), acquire=shards, lease=lease)[1]
+
+
+def test_a_free_shard_goes_to_one_replica_and_moves_only_once_released(
+    stores: Stores,
+) -> None:
+    a, b = stores("a"), stores("b")
+    assert take(a, 0, 1) == {0: 1, 1: 1}
+    assert take(b, 0, 1) == {}
+    held, gained = a.exchange_shards("g", keep={0: 1, 1: 1}, release=[1], acquire=(), lease=LEASE)
+    assert (held, gained) == ({0: 1}, {})
+    assert take(b, 0, 1) == {1: 2}  # one more epoch at every change of owner
+    rows = {r["shard"]: r for r in read_shards(a.database)}
+    assert (rows[0]["owner"], rows[0]["epoch"], rows[0]["held"]) == ("a", 1, True)
+    assert (rows[1]["owner"], rows[1]["epoch"], rows[1]["held"]) == ("b", 2, True)
+    assert a.release_shards("g") == 1
+    assert take(b, 0) == {0: 2}
+
+
+def test_a_shard_whose_lease_ran_out_is_taken_and_its_owner_cannot_renew_it(
+    stores: Stores,
+) -> None:
+    a, b = stores("a"), stores("b")
+    assert take(a, 3, lease=SHORT) == {3: 1}
+    held, _ = a.exchange_shards("g", keep={3: 1}, release=(), acquire=(), lease=SHORT)
+    assert held == {3: 1}  # renewed while it runs
+    time.sleep(SHORT.total_seconds() * 1.5)
+    assert take(b, 3) == {3: 2}
+    held, gained = a.exchange_shards("g", keep={3: 1}, release=(), acquire=(), lease=LEASE)
+    assert (held, gained) == ({}, {})
+
+
+def test_a_shard_owner_records_its_runs_with_the_shard_and_epoch(stores: Stores) -> None:
+    a = stores("a")
+    take(a, 5)
+    won = a.claim([occ(0)], coordination=CLUSTER, lease=LEASE, tenure=Tenure("g", {"s": (5, 1)}))
+    assert won == {occ(0).occurrence.key}
+    (row,) = recent(a)
+    assert (row["coordination_outcome"], row["shard"], row["epoch"]) == ("cluster", 5, 1)
+
+
+def test_an_owner_that_lost_its_shard_cannot_claim_whatever_it_believes(
+    stores: Stores,
+) -> None:
+    """The epoch check: a paused owner wakes up after its lease ran out and its shard moved;
+    its claims are refused, the new owner's go in. Fails without the check in the claim
+    statement (the paused owner's insert would win the key)."""
+    a, b = stores("a"), stores("b")
+    take(a, 5, lease=SHORT)
+    stale = Tenure("g", {"s": (5, 1)})
+    time.sleep(SHORT.total_seconds() * 1.5)
+    # Lease run out, nobody took the shard yet: still refused.
+    assert a.claim([occ(0)], coordination=CLUSTER, lease=LEASE, tenure=stale) == set()
+    assert take(b, 5) == {5: 2}
+    assert a.claim([occ(1)], coordination=CLUSTER, lease=LEASE, tenure=stale) == set()
+    # Taking it back does not revive the old epoch either.
+    assert b.release_shards("g") == 1
+    assert take(a, 5) == {5: 3}
+    assert a.claim([occ(2)], coordination=CLUSTER, lease=LEASE, tenure=stale) == set()
+    fresh = Tenure("g", {"s": (5, 3)})
+    keys = {occ(n).occurrence.key for n in (0, 1, 2)}
+    assert a.claim([occ(n) for n in (0, 1, 2)], coordination=CLUSTER, lease=LEASE, tenure=fresh) == keys
+
+
+def test_a_schedule_outside_the_tenure_is_not_claimed(stores: Stores) -> None:
+    a = stores("a")
+    take(a, 5)
+    tenure = Tenure("g", {"s": (5, 1)})
+    assert a.claim([occ(0, "other")], coordination=CLUSTER, lease=LEASE, tenure=tenure) == set()
+
+
+@pytest.mark.parametrize("group", ["g", "h"])
+def test_groups_have_their_own_shards(stores: Stores, group: str) -> None:
+    a, b = stores("a"), stores("b")
+    assert a.exchange_shards(group, keep={}, release=(), acquire=[0], lease=LEASE)[1] == {0: 1}
+    other = "h" if group == "g" else "g"
+    assert b.exchange_shards(other, keep={}, release=(), acquire=[0], lease=LEASE)[1] == {0: 1}
