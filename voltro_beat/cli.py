@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -34,6 +35,7 @@ from voltro_beat.occurrences import (
 from voltro_beat.on_demand import OnDemand, load_app
 from voltro_beat.replicas import lives
 from voltro_beat.schedules import Entry, Spec, check_name, to_spec
+from voltro_beat.shards import shard_of
 from voltro_beat.status import Reason, Status
 from voltro_beat.store import reads
 from voltro_beat.store.database import Database, hide_password
@@ -546,6 +548,7 @@ def status(settings: Settings) -> None:
         names = list(entries) or reads.schedule_names(database)
         summaries = reads.summaries(database, names, now=now)
         replicas = Registry(database).everyone()
+        shard_rows = reads.shard_leases(database, now=now)
     table = Table(title=f"schedules ({len(names)}) at {_stamp(now)} UTC")
     for column in ("schedule", "next", "last run", "status", "success", "runs", "median lag s"):
         table.add_column(column, no_wrap=True)
@@ -576,6 +579,66 @@ def status(settings: Settings) -> None:
         console.print(
             f"  {r.name} ({r.host}, pid {r.pid}): {'live' if r in live else 'gone'}, seen {seen}"
         )
+    for line in _shard_summary(shard_rows):
+        console.print(f"shards: {line}")
+
+
+@main.command()
+@_settings_options()
+@click.option("--all", "every", is_flag=True, help="One line per shard.")
+def shards(settings: Settings, every: bool) -> None:
+    """Print cluster coordination's shards: per group, each owner and how many shards it
+    holds, and the shards nobody holds (their schedules fire only once a replica takes them).
+
+    With --all, one line per shard: its owner, epoch (one more at every change of owner),
+    lease left and owner since; with -A proj also how many of the app's schedules it holds
+    (by this command's voltro_beat_shards). Times are the database's clock.
+    """
+    app = _app()
+    with _errors(), _open(settings.store_url) as database:
+        entries = {} if app is None else load_schedule(app, settings).entries
+        now = database.time()
+        rows = reads.shard_leases(database, now=now)
+    console = Console(width=max(Console().width, 120))
+    if not rows:
+        console.print("no shards: no replica ran in cluster coordination on this store")
+        return
+    for line in _shard_summary(rows):
+        console.print(line)
+    if not every:
+        return
+    held = Counter((e.group, shard_of(e.group, e.name, settings.shards)) for e in entries.values())
+    table = Table(title=f"_voltro_beat_shards ({len(rows)}) at {_stamp(now)} UTC")
+    for column in ("group", "shard", "owner", "epoch", "lease left s", "owner since"):
+        table.add_column(column, no_wrap=True)
+    if entries:
+        table.add_column("schedules")
+    for r in rows:
+        cells = [
+            r.group,
+            str(r.shard),
+            r.owner or "(nobody)",
+            str(r.epoch),
+            "" if r.lease_left is None else f"{r.lease_left:.1f}",
+            _stamp(r.since),
+        ]
+        table.add_row(*cells, *([str(held[r.group, r.shard])] if entries else []))
+    console.print(table)
+
+
+def _shard_summary(rows: Sequence[reads.Shard]) -> list[str]:
+    """One line per group of shards: its owners and what nobody holds."""
+    lines = []
+    for group, grouped in itertools.groupby(rows, key=lambda r: r.group):
+        shards = list(grouped)
+        owners = Counter(r.owner for r in shards if r.owner is not None)
+        free = [str(r.shard) for r in shards if r.owner is None]
+        held = ", ".join(f"{name} {n}" for name, n in sorted(owners.items()))
+        lines.append(
+            f"group {group}: {len(shards)} shards, {len(owners)} owners ({held or 'none'}); "
+            + (f"NOT OWNED: {len(free)} ({', '.join(free)})" if free else "every shard owned")
+        )
+    return lines
 
 
 @main.command()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,8 @@ from beat_kit import EVERY_SECOND, drain
 from celery import Celery
 
 from voltro_beat.scheduler import VoltroScheduler
+from voltro_beat.store.beat import BeatStore
+from voltro_beat.store.database import Database
 from voltro_beat.store.tables import VERSION_TABLE, metadata
 
 
@@ -31,6 +33,22 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     base = request.getfixturevalue("postgres_url")
     yield base
     drop_tables(base)
+
+
+@pytest.fixture
+def stores(url: str) -> Iterator[Callable[..., BeatStore]]:
+    """``stores(replica="r1")``: beat's store as that replica, on ``url`` (upgraded)."""
+    made: list[BeatStore] = []
+
+    def make(replica: str = "r1") -> BeatStore:
+        store = BeatStore(Database.open(url), replica=replica)
+        store.database.upgrade()
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()
 
 
 @pytest.fixture

@@ -33,7 +33,6 @@ from voltro_beat.runs import Run
 from voltro_beat.schedules import parse_entries
 from voltro_beat.store import reads
 from voltro_beat.store.beat import BeatStore
-from voltro_beat.store.database import Database
 
 LOCK = Coordination.ADVISORY_LOCK
 #: Short enough to wait out in a test, long enough for a few statements on a busy machine.
@@ -47,21 +46,6 @@ def app() -> Iterator[Celery]:
     drain(app)
     yield app
     drain(app)
-
-
-@pytest.fixture
-def stores(url: str) -> Iterator[Callable[[str], BeatStore]]:
-    made: list[BeatStore] = []
-
-    def make(replica: str) -> BeatStore:
-        store = BeatStore(Database.open(url), replica=replica)
-        store.database.upgrade()
-        made.append(store)
-        return store
-
-    yield make
-    for store in made:
-        store.close()
 
 
 def dispatcher(store: BeatStore, app: Celery, queues: dict[str, str] | None = None) -> Dispatcher:

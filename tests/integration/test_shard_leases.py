@@ -7,12 +7,14 @@ import time
 from collections.abc import Callable
 
 import pytest
-from test_store import LEASE, SHORT, occ, recent, stores  # noqa: F401 (a fixture)
+from click.testing import CliRunner
+from test_store import LEASE, SHORT, occ, recent
 
+from voltro_beat.cli import main
 from voltro_beat.coordination import Coordination
 from voltro_beat.shards import Tenure
 from voltro_beat.store.beat import BeatStore
-from voltro_beat.store.shard_leases import read_shards
+from voltro_beat.store.reads import shard_leases
 
 CLUSTER = Coordination.CLUSTER
 Stores = Callable[[str], BeatStore]
@@ -31,9 +33,10 @@ def test_a_free_shard_goes_to_one_replica_and_moves_only_once_released(
     held, gained = a.exchange_shards("g", keep={0: 1, 1: 1}, release=[1], acquire=(), lease=LEASE)
     assert (held, gained) == ({0: 1}, {})
     assert take(b, 0, 1) == {1: 2}  # one more epoch at every change of owner
-    rows = {r["shard"]: r for r in read_shards(a.database)}
-    assert (rows[0]["owner"], rows[0]["epoch"], rows[0]["held"]) == ("a", 1, True)
-    assert (rows[1]["owner"], rows[1]["epoch"], rows[1]["held"]) == ("b", 2, True)
+    rows = {r.shard: r for r in shard_leases(a.database, now=a.database.time())}
+    assert (rows[0].owner, rows[0].epoch) == ("a", 1)
+    assert (rows[1].owner, rows[1].epoch) == ("b", 2)
+    assert 0 < (rows[1].lease_left or 0) <= LEASE.total_seconds()
     assert a.release_shards("g") == 1
     assert take(b, 0) == {0: 2}
 
@@ -80,7 +83,8 @@ def test_an_owner_that_lost_its_shard_cannot_claim_whatever_it_believes(
     assert a.claim([occ(2)], coordination=CLUSTER, lease=LEASE, tenure=stale) == set()
     fresh = Tenure("g", {"s": (5, 3)})
     keys = {occ(n).occurrence.key for n in (0, 1, 2)}
-    assert a.claim([occ(n) for n in (0, 1, 2)], coordination=CLUSTER, lease=LEASE, tenure=fresh) == keys
+    runs = [occ(n) for n in (0, 1, 2)]
+    assert a.claim(runs, coordination=CLUSTER, lease=LEASE, tenure=fresh) == keys
 
 
 def test_a_schedule_outside_the_tenure_is_not_claimed(stores: Stores) -> None:
@@ -96,3 +100,19 @@ def test_groups_have_their_own_shards(stores: Stores, group: str) -> None:
     assert a.exchange_shards(group, keep={}, release=(), acquire=[0], lease=LEASE)[1] == {0: 1}
     other = "h" if group == "g" else "g"
     assert b.exchange_shards(other, keep={}, release=(), acquire=[0], lease=LEASE)[1] == {0: 1}
+
+
+def test_the_shards_command_says_who_owns_what_and_what_nobody_owns(
+    stores: Stores, url: str
+) -> None:
+    a, b = stores("a"), stores("b")
+    take(a, 0, 1)
+    take(b, 2)
+    take(b, 3, lease=SHORT)
+    time.sleep(SHORT.total_seconds() * 1.5)
+    result = CliRunner().invoke(main, ["shards", "--store", url, "--all"])
+    assert result.exit_code == 0, result.output
+    assert "group g: 4 shards, 2 owners (a 2, b 1); NOT OWNED: 1 (3)" in result.output
+    assert "(nobody)" in result.output
+    status = CliRunner().invoke(main, ["status", "--store", url])
+    assert "shards: group g: 4 shards" in status.output, status.output

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -44,21 +44,6 @@ def occ(n: int, schedule: str = "s", **fields: object) -> Run:
 
 def open_store(url: str, replica: str) -> BeatStore:
     return BeatStore(Database.open(url), replica=replica)
-
-
-@pytest.fixture
-def stores(url: str) -> Iterator[Callable[[str], BeatStore]]:
-    made: list[BeatStore] = []
-
-    def make(replica: str = "r1") -> BeatStore:
-        store = open_store(url, replica=replica)
-        store.database.upgrade()
-        made.append(store)
-        return store
-
-    yield make
-    for store in made:
-        store.close()
 
 
 def recent(store: BeatStore) -> list[dict[str, object]]:

@@ -16,7 +16,7 @@ from voltro_beat.status import Reason, Status, sql_in
 from voltro_beat.store.database import Database
 from voltro_beat.store.dialect import SQLITE_CHUNK, chunks
 from voltro_beat.store.migrations import runner as migrations
-from voltro_beat.store.tables import CLAIMS, REPLICAS, RUNS, claims, runs, watermarks
+from voltro_beat.store.tables import CLAIMS, REPLICAS, RUNS, claims, runs, shards, watermarks
 from voltro_beat.tally import Tally, tally
 
 #: The tables every command reads; a store without them needs ``voltro-beat db upgrade``.
@@ -212,3 +212,39 @@ def recent_claims(
         rows = [dict(row._mapping) for row in conn.execute(newest)]
         counts = {replica: count for replica, count in conn.execute(per_replica)}
     return rows, counts
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One shard lease (cluster coordination), as the database's clock reads it now."""
+
+    group: str
+    shard: int
+    #: Its owner while the owner's lease runs (None: free, or the lease ran out).
+    owner: str | None
+    epoch: int
+    #: Seconds left of the owner's lease.
+    lease_left: float | None
+    #: When the owner last changed.
+    since: datetime | None
+
+
+def shard_leases(database: Database, *, now: datetime) -> list[Shard]:
+    """Every shard lease, by group and shard (empty outside cluster coordination)."""
+    with database.connect() as conn:
+        rows = conn.execute(sa.select(shards).order_by(shards.c.shard_group, shards.c.shard))
+        found = []
+        for r in rows:
+            left = None if r.lease_until is None else (r.lease_until - now).total_seconds()
+            held = left is not None and left > 0 and r.owner is not None
+            found.append(
+                Shard(
+                    r.shard_group,
+                    r.shard,
+                    r.owner if held else None,
+                    r.epoch,
+                    left if held else None,
+                    r.changed_at,
+                )
+            )
+        return found

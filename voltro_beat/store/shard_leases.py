@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from datetime import timedelta
-from typing import Any
 
 import sqlalchemy as sa
 
@@ -97,20 +96,3 @@ class ShardLeases:
                 .where(shards.c.shard_group == group, shards.c.owner == self.replica)
                 .values(owner=None, lease_until=None, changed_at=self.database.now())
             ).rowcount
-
-
-def read_shards(database: Database) -> list[dict[str, Any]]:
-    """Every shard row, with ``held``: whether its owner's lease runs as the database's
-    clock reads now (operators' reads: ``voltro-beat shards``)."""
-    with database.connect() as conn:
-        now = database.time()
-        rows = conn.execute(sa.select(shards).order_by(shards.c.shard_group, shards.c.shard))
-        return [
-            {
-                **row._asdict(),
-                "held": row.owner is not None
-                and row.lease_until is not None
-                and row.lease_until > now,
-            }
-            for row in rows
-        ]
