@@ -28,6 +28,8 @@ from bench.workloads import Case, Settings, run_case
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONTENDERS = ("celery", "redbeat", "voltro")
+#: voltro_beat in ``cluster`` coordination: opt-in (``--schedulers voltro,voltro-cluster``).
+CLUSTER = "voltro-cluster"
 INCUMBENT_SCHEDULERS = {
     "celery": "celery.beat:PersistentScheduler",
     "redbeat": "redbeat.RedBeatScheduler",
@@ -48,7 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--schedulers",
         default=",".join(CONTENDERS),
-        help="comma list of celery, redbeat, voltro (default: all)",
+        help="comma list of celery, redbeat, voltro, voltro-cluster (voltro_beat in cluster"
+        " coordination; default: celery, redbeat, voltro)",
     )
     ap.add_argument("--burst-sizes", type=_ints, default=[1000, 10000])
     ap.add_argument("--steady-sizes", type=_ints, default=[100, 1000])
@@ -98,7 +101,8 @@ def plan(args: argparse.Namespace, contenders: list[str]) -> list[Case]:
             continue
         for size in sizes[workload]:
             for name in contenders:
-                reps = args.voltro_replicas if name == "voltro" else args.incumbent_replicas
+                ours = name in ("voltro", CLUSTER)
+                reps = args.voltro_replicas if ours else args.incumbent_replicas
                 for r in [1] if workload == "idle" else reps:
                     cases.append(Case(workload, name, size, r))
     return cases
@@ -117,14 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     schedulers = dict(INCUMBENT_SCHEDULERS)
     skipped: dict[str, str] = {}
     wanted = [c for c in args.schedulers.split(",") if c]
-    if "voltro" in wanted:
+    for name in ("voltro", CLUSTER):
+        if name not in wanted:
+            continue
         value, how = voltro_scheduler()
         if value is None:
-            skipped["voltro"] = how
-            print(f"SKIP voltro: {how}", flush=True)
+            skipped[name] = how
+            print(f"SKIP {name}: {how}", flush=True)
         else:
-            schedulers["voltro"] = value
-            print(f"voltro: -S {value} ({how})", flush=True)
+            schedulers[name] = value
+            print(f"{name}: -S {value} ({how})", flush=True)
     contenders = [c for c in wanted if c in schedulers]
 
     RESULTS.mkdir(exist_ok=True)

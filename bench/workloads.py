@@ -38,7 +38,7 @@ from bench.services import Services, clean, pg_transactions, python_path
 @dataclass(frozen=True)
 class Case:
     workload: str  # burst | steady | idle
-    contender: str  # celery | redbeat | voltro
+    contender: str  # celery | redbeat | voltro | voltro-cluster
     size: int
     replicas: int
 
@@ -122,7 +122,10 @@ def run_case(case: Case, cfg: Settings) -> dict[str, Any]:
             "PYTHONUNBUFFERED": "1",
             "VOLTRO_BEAT_STORE_URL": svc.voltro_store,
         }
-        xacts0 = pg_transactions(svc) if case.contender == "voltro" else None
+        if case.contender == "voltro-cluster":
+            env["VOLTRO_BEAT_COORDINATION"] = "cluster"
+        voltro = case.contender.startswith("voltro")
+        xacts0 = pg_transactions(svc) if voltro else None
         load0 = os.getloadavg()[0]
         try:
             with Processes(work) as procs:

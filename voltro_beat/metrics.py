@@ -154,6 +154,18 @@ class Metrics:
             for table, n in estimates.items():
                 self._on.rows.labels(table).set(n)
 
+    def shards(
+        self, group: str, *, owned: int, unowned: int, taken: int, given: int, lost: int
+    ) -> None:
+        """Cluster coordination, at a heartbeat: the shards of ``group`` this replica owns,
+        those nobody owns, and how many it just took, gave up and lost (its lease ran out)."""
+        if self._on is not None:
+            self._on.shards_owned.labels(group).set(owned)
+            self._on.shards_unowned.labels(group).set(unowned)
+            for change, n in (("taken", taken), ("given", given), ("lost", lost)):
+                if n:
+                    self._on.shard_handoffs.labels(group, change).inc(n)
+
     def _count_missed(self, missed: Mapping[tuple[str, str], int]) -> None:
         assert self._on is not None
         for (name, reason), n in missed.items():
@@ -206,6 +218,24 @@ class _Instruments:
         self.clock_offset = Gauge(
             "voltro_beat_clock_offset_seconds",
             "This replica's wall clock minus the database's, at its last heartbeat.",
+            registry=registry,
+        )
+        self.shards_owned = Gauge(
+            "voltro_beat_shards_owned",
+            "Shards of the group this replica owns (cluster coordination).",
+            ["group"],
+            registry=registry,
+        )
+        self.shards_unowned = Gauge(
+            "voltro_beat_shards_unowned",
+            "Shards of the group no replica owns, as this replica saw at its last heartbeat.",
+            ["group"],
+            registry=registry,
+        )
+        self.shard_handoffs = Counter(
+            "voltro_beat_shard_handoffs",
+            "Shards this replica took, gave up, or lost when its lease ran out.",
+            ["group", "change"],
             registry=registry,
         )
         self.rows = Gauge(

@@ -119,7 +119,7 @@ class Engine:
         )
         #: The shards this replica owns (``cluster`` coordination).
         self.ownership = (
-            Ownership(store, settings, entries)
+            Ownership(store, settings, entries, self.metrics)
             if settings.coordination is Coordination.CLUSTER
             else None
         )

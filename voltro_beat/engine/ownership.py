@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from voltro_beat import logs
 from voltro_beat.config import Settings
 from voltro_beat.coordination import Coordination
+from voltro_beat.metrics import Metrics
 from voltro_beat.replicas import Replica
 from voltro_beat.schedules import DEFAULT_GROUP, Entry
 from voltro_beat.shards import Tenure, assign, shard_of
@@ -28,8 +29,15 @@ logger = logging.getLogger(__name__)
 class Ownership:
     """The shards of ``settings.group`` this replica owns, and what it may claim with them."""
 
-    def __init__(self, store: BeatStore, settings: Settings, entries: Mapping[str, Entry]) -> None:
+    def __init__(
+        self,
+        store: BeatStore,
+        settings: Settings,
+        entries: Mapping[str, Entry],
+        metrics: Metrics,
+    ) -> None:
         self._store = store
+        self._metrics = metrics
         self.group = settings.group
         self.count = settings.shards
         self._me = settings.replica
@@ -84,6 +92,16 @@ class Ownership:
             lease=self._lease,
         )
         lost = sorted(keep.keys() - held.keys())
+        given = sorted(self.held.keys() - assigned)
+        if self._metrics.enabled:
+            self._metrics.shards(
+                self.group,
+                owned=len(held),
+                unowned=self.count - self._store.owned_shards(self.group),
+                taken=len(gained),
+                given=len(given),
+                lost=len(lost),
+            )
         if lost:
             logger.warning(
                 "voltro_beat: lost shards %s of group %s (their lease ran out: this replica "
@@ -94,7 +112,6 @@ class Ownership:
             )
         changed = held != self.held
         if changed:
-            given = sorted(self.held.keys() - assigned)
             logger.info(
                 "voltro_beat: group %s: %d of %d shards owned here (taken %s, given up %s)",
                 self.group,

@@ -87,6 +87,17 @@ class ShardLeases:
                 gained = {s: e for s, e in taken}
         return held | gained, gained
 
+    def owned_shards(self, group: str) -> int:
+        """How many shards of ``group`` some replica owns under a running lease."""
+        with self.database.connect() as conn:
+            return conn.execute(
+                sa.select(sa.func.count()).where(
+                    shards.c.shard_group == group,
+                    shards.c.owner.is_not(None),
+                    shards.c.lease_until > self.database.now(),
+                )
+            ).scalar_one()
+
     def release_shards(self, group: str) -> int:
         """Give up every shard of ``group`` this replica holds (a graceful stop): the others
         take them at their next heartbeat. Returns how many."""
