@@ -22,10 +22,12 @@ from voltro_beat.clock import Clock
 from voltro_beat.config import Settings
 from voltro_beat.engine import CLOSE_WAIT, Engine
 from voltro_beat.engine.guard import DEFAULT_OVERLAP_TIMEOUT
+from voltro_beat.engine.singletons import Singletons
 from voltro_beat.exceptions import ConfigurationError, StoreError
 from voltro_beat.metrics import Metrics
 from voltro_beat.publisher import Publisher
 from voltro_beat.schedules import Entry
+from voltro_beat.singletons import load_singletons
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database
 
@@ -130,6 +132,7 @@ class VoltroScheduler(beat.Scheduler):
                 if entry.on_overlap != "allow"
             },
             metrics=self._metrics,
+            singletons=Singletons(load_singletons(self.app, settings), store, settings),
         )
         self._configured = True
 

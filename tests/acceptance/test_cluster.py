@@ -7,11 +7,13 @@ Executions are counted on the worker's side by occurrence key. The shard lease i
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+import psycopg
 import sqlalchemy as sa
 from vbt_harness import (
     REPLICAS,
@@ -213,3 +215,76 @@ def test_two_groups_each_fire_only_their_own_schedules(deployment: Deployments) 
         if (outcome.runs[k].replica or "?")[0] != k[0]
     ]
     assert not wrong, wrong[:10]
+
+
+SINGLETON_DDL = """
+CREATE TABLE vbt_fence (id integer PRIMARY KEY, token integer NOT NULL);
+INSERT INTO vbt_fence VALUES (1, 0);
+CREATE TABLE vbt_singleton_writes (
+    seq bigserial PRIMARY KEY, token integer NOT NULL, replica text NOT NULL,
+    at timestamptz NOT NULL
+)"""
+
+
+def singleton_writes(dep: Deployment) -> list[tuple[int, str, datetime]]:
+    with psycopg.connect(dep.exec_dsn) as conn:
+        return conn.execute(
+            "SELECT token, replica, at FROM vbt_singleton_writes ORDER BY at"
+        ).fetchall()
+
+
+def writer_now(dep: Deployment) -> str:
+    """The replica whose writes are the newest."""
+    time.sleep(0.5)
+    return singleton_writes(dep)[-1][1]
+
+
+def test_a_singleton_runs_on_one_replica_at_a_time_across_kills_pauses_and_restarts(
+    deployment: Deployments,
+) -> None:
+    dep = deployment()
+    with psycopg.connect(dep.exec_dsn, autocommit=True) as conn:
+        conn.execute(SINGLETON_DDL)
+    singletons = {"writer": {"run": "vbt_proj:write_token", "grace": 2}}
+    dep.configure(
+        SCHEDULES[:2],
+        **CLUSTER,
+        voltro_beat_singletons=singletons,
+        voltro_beat_publish_timeout=3,
+        broker_connection_timeout=1,
+    )
+    dep.start_beats(*REPLICAS)
+    dep.wait_ready()
+    time.sleep(2)
+    events = []
+    # kill -9 of the singleton's owner: another replica takes its shard once the lease ran out.
+    victim = writer_now(dep)
+    dep.beats[victim].kill9()
+    events.append(f"killed {victim}")
+    time.sleep(7)
+    dep.start_beats(victim)
+    # SIGSTOP of the new owner past its lease, then SIGCONT: its copy wakes up with an old token.
+    paused = writer_now(dep)
+    dep.beats[paused].signal(signal.SIGSTOP)
+    events.append(f"paused {paused}")
+    time.sleep(7)
+    dep.beats[paused].signal(signal.SIGCONT)
+    time.sleep(3)
+    # A rolling restart: each replica stopped and started again in turn.
+    for name in REPLICAS:
+        dep.beats[name].stop()
+        events.append(f"restarted {name}")
+        dep.start_beats(name)
+        time.sleep(3)
+    time.sleep(2)
+    dep.stop_beats()
+    writes = singleton_writes(dep)
+
+    tokens = [token for token, _, _ in writes]
+    assert tokens == sorted(tokens), "a write with an older token came after a newer one"
+    owners = {}
+    for token, replica, _ in writes:
+        assert owners.setdefault(token, replica) == replica, (token, replica, owners)
+    gaps = [(b[2] - a[2]).total_seconds() for a, b in itertools.pairwise(writes) if b[0] != a[0]]
+    print(f"{events}; tokens {sorted(owners)}; handoff gaps {[round(g, 2) for g in gaps]} s")
+    assert len(owners) >= 4 and len(set(owners.values())) >= 2, owners

@@ -25,6 +25,7 @@ import psycopg
 from celery import Celery, Task
 
 import voltro_beat
+import voltro_beat.singletons
 
 app = Celery("vbt_proj")
 app.conf.update(timezone="UTC", enable_utc=True, result_expires=None)
@@ -66,3 +67,23 @@ def write_execution(request: Any) -> None:
             bool((request.delivery_info or {}).get("redelivered")),
         ),
     )
+
+
+def write_token(context: voltro_beat.singletons.Context) -> None:
+    """A singleton (``tests/acceptance/test_cluster.py``): every 100 ms, the replica's name and
+    its fencing token into ``vbt_singleton_writes``, fenced as a user's write should be: the
+    row of ``vbt_fence`` takes only a token at least its own, under its row lock, so an owner
+    that lost the singleton and has not noticed yet writes nothing."""
+    with psycopg.connect(os.environ["VBT_EXEC_DSN"]) as conn:
+        while not context.stop.wait(0.1):
+            with conn.transaction():
+                fenced = conn.execute(
+                    "UPDATE vbt_fence SET token = %s WHERE id = 1 AND token <= %s",
+                    (context.token, context.token),
+                ).rowcount
+                if fenced:
+                    conn.execute(
+                        "INSERT INTO vbt_singleton_writes (token, replica, at)"
+                        " VALUES (%s, %s, clock_timestamp())",
+                        (context.token, context.replica),
+                    )

@@ -34,6 +34,7 @@ from voltro_beat.engine.guard import Guard
 from voltro_beat.engine.ownership import Ownership
 from voltro_beat.engine.ready import NEVER, Ready
 from voltro_beat.engine.recorder import Recorder, graces, run_of
+from voltro_beat.engine.singletons import Singletons
 from voltro_beat.engine.timeline import Pending, Timeline
 from voltro_beat.engine.upkeep import Health, Sweeper
 from voltro_beat.exceptions import StoreError
@@ -87,6 +88,7 @@ class Engine:
         overlap_timeouts: Mapping[str, timedelta],
         metrics: Metrics | None = None,
         runner: Runner | None = None,
+        singletons: Singletons | None = None,
     ) -> None:
         """Raises :class:`~voltro_beat.exceptions.ConfigurationError` for settings or entries
         the retention policies contradict (:func:`voltro_beat.engine.upkeep.policies`).
@@ -117,6 +119,9 @@ class Engine:
             graces(entries.values()),
             self.metrics,
         )
+        #: The singletons of this replica's group (``cluster`` coordination), run where it
+        #: owns their shard.
+        self.singletons = singletons
         #: The shards this replica owns (``cluster`` coordination).
         self.ownership = (
             Ownership(store, settings, entries, self.metrics)
@@ -299,6 +304,8 @@ class Engine:
         if self.ownership is None:
             return False
         changed, gained = self.ownership.refresh(self.membership.live)
+        if self.singletons:
+            self.singletons.follow(self.ownership.held)
         entries = [self.entries[name] for name in gained]
         self._catch_up([e for e in entries if e.trigger == "beat"], self.clock.now())
         return changed
@@ -357,6 +364,8 @@ class Engine:
         try:
             self.ready.flush(wait)
             if self.booted:
+                if self.singletons:  # stopped before their shards go to another replica
+                    self.singletons.stop_all()
                 if self.ownership is not None:
                     self.ownership.release()
                 self.membership.leave()

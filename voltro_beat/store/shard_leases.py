@@ -1,5 +1,5 @@
 """Cluster coordination's shard leases: which replica owns each shard of a group, at which
-epoch, until when.
+epoch, until when; and what became of the singletons the owners ran.
 
 A replica holds a shard under a lease on the database's clock, renewed with its heartbeat. It
 takes a shard only when the shard is free: released by its owner, or its owner's lease ran out
@@ -20,7 +20,7 @@ from datetime import timedelta
 import sqlalchemy as sa
 
 from voltro_beat.store.database import Database
-from voltro_beat.store.tables import shards
+from voltro_beat.store.tables import shards, singletons
 
 
 class ShardLeases:
@@ -97,6 +97,31 @@ class ShardLeases:
                     shards.c.lease_until > self.database.now(),
                 )
             ).scalar_one()
+
+    def record_singleton(
+        self, group: str, name: str, *, token: int, state: str, error: str | None = None
+    ) -> None:
+        """Note singleton ``name``'s ``state`` on this replica at ``token`` (its shard's
+        epoch); a row of a newer token (a newer owner's) is left as it is."""
+        with self.database.connect() as conn, conn.begin():
+            now = self.database.now()
+            row = {
+                "singleton_group": group,
+                "name": name,
+                "replica": self.replica,
+                "token": token,
+                "state": state,
+                "since": now,
+                "error": error,
+            }
+            insert = self.database.dialect.insert(singletons).values(row)
+            conn.execute(
+                insert.on_conflict_do_update(
+                    index_elements=[singletons.c.singleton_group, singletons.c.name],
+                    set_={k: v for k, v in row.items() if k not in ("singleton_group", "name")},
+                    where=singletons.c.token <= token,
+                )
+            )
 
     def release_shards(self, group: str) -> int:
         """Give up every shard of ``group`` this replica holds (a graceful stop): the others

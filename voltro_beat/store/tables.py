@@ -37,6 +37,7 @@ RUNS = "_voltro_schedule_runs"
 REPLICAS = "_voltro_beat_replicas"
 WATERMARKS = "_voltro_beat_watermarks"
 SHARDS = "_voltro_beat_shards"
+SINGLETONS = "_voltro_beat_singletons"
 VERSION_TABLE = "_voltro_beat_alembic_version"
 
 
@@ -203,4 +204,19 @@ shards = Table(
     Column("epoch", Integer, nullable=False, server_default=text("0")),
     Column("lease_until", UTCDateTime),
     Column("changed_at", UTCDateTime),
+)
+
+#: Singletons (cluster coordination): per group and name, the replica that last ran it, at which
+#: token (its shard's epoch), its state (``running``, ``returned``, ``failed``, ``stopped``) and
+#: since when on the database's clock, and a failure's traceback.
+singletons = Table(
+    SINGLETONS,
+    metadata,
+    Column("singleton_group", Text, primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("replica", Text, nullable=False),
+    Column("token", Integer, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("since", UTCDateTime, nullable=False),
+    Column("error", Text),
 )
