@@ -588,7 +588,8 @@ def status(settings: Settings) -> None:
 @click.option("--all", "every", is_flag=True, help="One line per shard.")
 def shards(settings: Settings, every: bool) -> None:
     """Print cluster coordination's shards: per group, each owner and how many shards it
-    holds, and the shards nobody holds (their schedules fire only once a replica takes them).
+    holds, and the shards nobody holds (their schedules fire only once a replica takes them);
+    then each singleton's state, where it last ran, since when and with which token.
 
     With --all, one line per shard: its owner, epoch (one more at every change of owner),
     lease left and owner since; with -A proj also how many of the app's schedules it holds
@@ -599,12 +600,19 @@ def shards(settings: Settings, every: bool) -> None:
         entries = {} if app is None else load_schedule(app, settings).entries
         now = database.time()
         rows = reads.shard_leases(database, now=now)
+        states = reads.singleton_states(database)
     console = Console(width=max(Console().width, 120))
     if not rows:
         console.print("no shards: no replica ran in cluster coordination on this store")
         return
     for line in _shard_summary(rows):
         console.print(line)
+    for st in states:
+        first = (st.error or "").strip().splitlines()[-1:] or [""]
+        console.print(
+            f"singleton {st.name} (group {st.group}): {st.state} on {st.replica} since "
+            f"{_stamp(st.since)}, token {st.token}" + (f": {first[0]}" if first[0] else "")
+        )
     if not every:
         return
     held = Counter((e.group, shard_of(e.group, e.name, settings.shards)) for e in entries.values())

@@ -114,5 +114,10 @@ def test_the_shards_command_says_who_owns_what_and_what_nobody_owns(
     assert result.exit_code == 0, result.output
     assert "group g: 4 shards, 2 owners (a 2, b 1); NOT OWNED: 1 (3)" in result.output
     assert "(nobody)" in result.output
+    b.record_singleton("g", "inbox", token=2, state="running")
+    a.record_singleton("g", "inbox", token=1, state="failed", error="Traceback\nValueError: x")
+    result = CliRunner().invoke(main, ["shards", "--store", url])
+    # A stale owner's note does not overwrite the newer one's.
+    assert "singleton inbox (group g): running on b since" in result.output, result.output
     status = CliRunner().invoke(main, ["status", "--store", url])
     assert "shards: group g: 4 shards" in status.output, status.output

@@ -16,7 +16,16 @@ from voltro_beat.status import Reason, Status, sql_in
 from voltro_beat.store.database import Database
 from voltro_beat.store.dialect import SQLITE_CHUNK, chunks
 from voltro_beat.store.migrations import runner as migrations
-from voltro_beat.store.tables import CLAIMS, REPLICAS, RUNS, claims, runs, shards, watermarks
+from voltro_beat.store.tables import (
+    CLAIMS,
+    REPLICAS,
+    RUNS,
+    claims,
+    runs,
+    shards,
+    singletons,
+    watermarks,
+)
 from voltro_beat.tally import Tally, tally
 
 #: The tables every command reads; a store without them needs ``voltro-beat db upgrade``.
@@ -248,3 +257,29 @@ def shard_leases(database: Database, *, now: datetime) -> list[Shard]:
                 )
             )
         return found
+
+
+@dataclass(frozen=True, slots=True)
+class SingletonState:
+    """What became of a singleton on the replica that last ran it."""
+
+    group: str
+    name: str
+    replica: str
+    token: int
+    #: ``running``, ``returned``, ``failed`` or ``stopped``.
+    state: str
+    since: datetime
+    error: str | None
+
+
+def singleton_states(database: Database) -> list[SingletonState]:
+    """Every singleton that ran, by group and name."""
+    with database.connect() as conn:
+        rows = conn.execute(
+            sa.select(singletons).order_by(singletons.c.singleton_group, singletons.c.name)
+        )
+        return [
+            SingletonState(r.singleton_group, r.name, r.replica, r.token, r.state, r.since, r.error)
+            for r in rows
+        ]
