@@ -55,8 +55,9 @@ def plan(
     would, and the claims gate lets only one of them have it. Of the older ones, ``latest``
     publishes the newest when none is on time and records the others ``missed``; ``skip``
     records them all ``missed``; ``all`` publishes each one. And an occurrence at or after
-    ``live_since`` (when the longest-running other live replica that runs the schedule
-    started) fell while that replica ran it, held up but not down: it is published within its
+    ``live_since`` (when the longest-running live replica that runs the schedule started:
+    another one, or in cluster coordination the one taking the schedule's shard over) fell
+    while that replica ran it, held up but not down: it is published within its
     lateness, late as that replica would publish it after a stall; the policy is for the
     occurrences before, when no replica ran the schedule.
     """

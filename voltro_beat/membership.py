@@ -56,7 +56,8 @@ class Membership:
         self.yielded: dict[str, str] = {}
         #: Schedules some live replica (this one included) runs.
         self.known: set[str] = set(self.schedules)
-        #: Schedule -> when the longest-running other live replica that runs it started.
+        #: Schedule -> when the longest-running live replica that runs it (this one too)
+        #: started.
         self.live_since: dict[str, datetime] = {}
         self.live: list[Replica] = []
         self._maps: dict[str, tuple[str, dict[str, str]]] = {}
@@ -179,14 +180,17 @@ class Membership:
             for name, schedules in self.registry.schedules(wanted).items():
                 self._maps[name] = (replicas.digest(schedules), schedules)
         maps = {r.name: self._maps[r.name][1] for r in others if r.name in self._maps}
+        maps[me] = self.schedules
+        # This replica too: in cluster coordination it catches up on a shard it takes long
+        # after its boot, and what fell since its boot fell while it was live (at boot, its
+        # own start is now).
         self.live_since = {}
-        for r in others:
+        for r in self.live:
             started = r.started_at
             if started is None:
                 continue
             for name in maps.get(r.name, {}):
                 self.live_since[name] = min(self.live_since.get(name, started), started)
-        maps[me] = self.schedules
         self.known = set().union(*maps.values())
         mine = next((r for r in self.live if r.name == me), None)
         newer = [

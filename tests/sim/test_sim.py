@@ -21,6 +21,7 @@ from tests.sim.scenario import simulate
 #: Seeds that found a bug (the commit that fixed it says which): replayed on every run.
 REGRESSIONS = (
     9,  # catch-up of a schedule another live replica runs
+    17,  # cluster: a shard taken from a replica that stopped, caught up on as if all were down
     16,  # close() on top of a tick; a duplicate delivery after a failure; SQLite's dropped lock
     18,  # close() spinning on a past claim time
     24,  # close() on top of a tick waiting for SQLite's busy timeout

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
 
@@ -30,22 +30,22 @@ from voltro_beat.config import Settings
 from voltro_beat.coordination import Coordination
 from voltro_beat.dispatch import Dispatcher
 from voltro_beat.engine import recovery, upkeep
+from voltro_beat.engine.gate import Gate
 from voltro_beat.engine.guard import Guard
 from voltro_beat.engine.ownership import Ownership
 from voltro_beat.engine.ready import NEVER, Ready
-from voltro_beat.engine.recorder import Recorder, graces, run_of
+from voltro_beat.engine.recorder import Recorder, graces
 from voltro_beat.engine.singletons import Singletons
 from voltro_beat.engine.timeline import Pending, Timeline
 from voltro_beat.engine.upkeep import Health, Sweeper
 from voltro_beat.exceptions import StoreError
 from voltro_beat.membership import Membership
 from voltro_beat.metrics import Metrics
-from voltro_beat.occurrences import Occurrence, next_after
+from voltro_beat.occurrences import next_after
 from voltro_beat.publisher import Publisher
 from voltro_beat.runner import Runner
 from voltro_beat.runs import Run
 from voltro_beat.schedules import Entry
-from voltro_beat.status import Reason, Status
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.registry import Registry
 
@@ -119,21 +119,18 @@ class Engine:
             graces(entries.values()),
             self.metrics,
         )
-        #: The singletons of this replica's group (``cluster`` coordination), run where it
-        #: owns their shard.
-        self.singletons = singletons
-        #: The shards this replica owns (``cluster`` coordination).
-        self.ownership = (
-            Ownership(store, settings, entries, self.metrics)
-            if settings.coordination is Coordination.CLUSTER
-            else None
+        cluster = settings.coordination is Coordination.CLUSTER
+        self.gate = Gate(
+            membership,
+            Ownership(store, settings, entries, self.metrics) if cluster else None,
+            singletons,
         )
         ahead = len(entries) - len(overlap_timeouts)
         self.timeline = Timeline(
             min(LEAD_MAX, LEAD_MIN + CLAIM_COST * ahead),
             self.lease,
             overlap_timeouts.keys(),
-            self._deferred,
+            self.gate.deferred,
         )
         self.sweeper = Sweeper(store, membership, upkeep.policies(settings, entries.values()))
         self.health = Health(settings.health_file, self.metrics, store, clock)
@@ -182,8 +179,10 @@ class Engine:
         # yielded to a newer replica); the rest of the step is upkeep.
         self.ready.publish()
         if clock.now() >= self._next_heartbeat:
-            if self.membership.beat() | self._own():
+            changed, gained = self.gate.beat()
+            if changed:
                 self.timeline.requeue()
+            self._catch_up(gained)
             self.health.touch()
             self._next_heartbeat = clock.now() + self.membership.interval
         self._fire_due(clock.now())
@@ -224,17 +223,13 @@ class Engine:
         record catch-up per entry, and fill the timeline."""
         if self.settings.migrate:
             self.store.database.upgrade()
-        self.membership.join()
+        taken = self.gate.join()
         self._next_heartbeat = self.clock.now() + self.membership.interval
+        self._catch_up(self.entries if taken is None else taken)
         now = self.clock.now()
-        # An external entry is fired by `voltro-beat trigger` alone: no timer, no catch-up
-        # (its untriggered occurrences stay gaps in the ledger).
-        entries = [e for e in self.entries.values() if e.trigger == "beat"]
-        if self.ownership is None:
-            self._catch_up(entries, now)
-        else:
-            self._own()  # catches up on the shards it takes
-        for entry in entries:
+        for entry in self.entries.values():
+            if entry.trigger != "beat":
+                continue
             first = next_after(entry.spec, now)
             if first is not None:
                 self.timeline.push(Pending(entry, [first]))
@@ -242,38 +237,13 @@ class Engine:
         self._unprepared = collections.deque(self.timeline)
 
     def _fire_due(self, now: datetime) -> None:
-        """Claim the occurrences whose claim time has come (their instant minus the lead).
-
-        A schedule whose changed definition fires on a more recently started replica is not
-        claimed here while that replica lives; its entries come up a lease after their
-        instant, so that they are claimed late if it died meanwhile (the registry no longer
-        counts it), and recorded ``missed`` (reason ``yielded``) through the gate if the
-        registry still counts it live: it would have claimed them long before, so it died or
-        hangs, and this replica's older definition is not the one to send. If it did claim
-        them, the gate finds their rows and records nothing.
-        """
+        """Record the occurrences whose claim time has come (their instant minus the lead),
+        as the gate says (:mod:`voltro_beat.engine.gate`)."""
         due = self.timeline.due(now)
         if not due:
             return
-        yielded = self.membership.yielded
-        down = self.health.down_since
-        owned = self.ownership
         try:
-            self._record(
-                [
-                    run_of(p.entry, at, now, down)
-                    if p.entry.name not in yielded
-                    else Run(
-                        Occurrence.of(p.entry.name, at), p.entry.task, Status.MISSED, Reason.YIELDED
-                    )
-                    for p in due
-                    # Another shard owner's (it fired them, or whoever takes its shard next
-                    # catches up on them).
-                    if owned is None or owned.holds(p.entry.name)
-                    for at in p.instants
-                ],
-                now,
-            )
+            self._record(self.gate.runs(due, now, self.health.down_since), now)
             for p in due:
                 p.advance(now)
         finally:
@@ -283,32 +253,17 @@ class Engine:
                     self.timeline.push(p)
 
     def _record(self, runs: list[Run], now: datetime) -> None:
-        tenure = None if self.ownership is None else self.ownership.tenure
-        for o in self.recorder.record(runs, now, tenure):
+        for o in self.recorder.record(runs, now, self.gate.tenure):
             self.ready.push(o)
 
-    def _catch_up(self, entries: list[Entry], now: datetime) -> None:
-        self._record(self.recorder.catch_up(entries, now, self.membership.live_since), now)
-
-    # -- cluster coordination -------------------------------------------------------------
-
-    def _deferred(self, name: str) -> bool:
-        """Whether schedule ``name`` is another replica's to fire, as far as this one knows."""
-        if self.ownership is not None:
-            return not self.ownership.holds(name)
-        return name in self.membership.yielded
-
-    def _own(self) -> bool:
-        """Bring the shards owned in step with the live members (``cluster``), and catch up
-        on the shards just taken; returns whether the shards owned changed."""
-        if self.ownership is None:
-            return False
-        changed, gained = self.ownership.refresh(self.membership.live)
-        if self.singletons:
-            self.singletons.follow(self.ownership.held)
-        entries = [self.entries[name] for name in gained]
-        self._catch_up([e for e in entries if e.trigger == "beat"], self.clock.now())
-        return changed
+    def _catch_up(self, names: Iterable[str]) -> None:
+        """Record what the catch-up policies say of schedules ``names`` (at boot, or as their
+        shard comes to this replica). An external entry is fired by `voltro-beat trigger`
+        alone: no catch-up (its untriggered occurrences stay gaps in the ledger)."""
+        entries = [self.entries[n] for n in names if self.entries[n].trigger == "beat"]
+        if entries:
+            now = self.clock.now()
+            self._record(self.recorder.catch_up(entries, now, self.membership.live_since), now)
 
     # -- timing ---------------------------------------------------------------------------
 
@@ -364,11 +319,7 @@ class Engine:
         try:
             self.ready.flush(wait)
             if self.booted:
-                if self.singletons:  # stopped before their shards go to another replica
-                    self.singletons.stop_all()
-                if self.ownership is not None:
-                    self.ownership.release()
-                self.membership.leave()
+                self.gate.leave()
         except Exception as exc:  # a stopping beat must still stop
             logger.warning("voltro_beat: could not finish cleanly: %s", exc)
         finally:

@@ -116,8 +116,8 @@ class Recorder:
         """At boot (in ``cluster`` coordination, when this replica takes their shard): the
         runs of ``entries``' occurrences since their last recorded one that
         their ``catch_up`` policy asks to record (:mod:`voltro_beat.catchup`); the policy is
-        for downtime, so not for the occurrences after ``live_since[name]``, when another
-        live replica that runs the schedule had started."""
+        for downtime, so not for the occurrences after ``live_since[name]``, when a live
+        replica that runs the schedule (this one too) had started."""
         last = self._store.last_scheduled([e.name for e in entries])
         backfill: list[Run] = []
         for entry in entries:
