@@ -182,7 +182,7 @@ class Engine:
             changed, gained = self.gate.beat()
             if changed:
                 self.timeline.requeue()
-            self._catch_up(gained)
+            self._catch_up(gained, taken_over=True)
             self.health.touch()
             self._next_heartbeat = clock.now() + self.membership.interval
         self._fire_due(clock.now())
@@ -225,7 +225,8 @@ class Engine:
             self.store.database.upgrade()
         taken = self.gate.join()
         self._next_heartbeat = self.clock.now() + self.membership.interval
-        self._catch_up(self.entries if taken is None else taken)
+        # A schedule with no history starts from now: nothing historical fires on a first boot.
+        self._catch_up(self.entries if taken is None else taken, taken_over=False)
         now = self.clock.now()
         for entry in self.entries.values():
             if entry.trigger != "beat":
@@ -256,14 +257,19 @@ class Engine:
         for o in self.recorder.record(runs, now, self.gate.tenure):
             self.ready.push(o)
 
-    def _catch_up(self, names: Iterable[str]) -> None:
-        """Record what the catch-up policies say of schedules ``names`` (at boot, or as their
-        shard comes to this replica). An external entry is fired by `voltro-beat trigger`
-        alone: no catch-up (its untriggered occurrences stay gaps in the ledger)."""
+    def _catch_up(self, names: Iterable[str], *, taken_over: bool) -> None:
+        """Record what the catch-up policies say of schedules ``names``, at boot or as their
+        shard is ``taken_over`` by this replica. Then a schedule that has no run yet (its
+        owner stalled before the first) starts when the longest-running live replica that
+        runs it (this one too) started: what fell since, fell while a replica was live. An
+        external entry is fired by `voltro-beat trigger` alone: no catch-up (its untriggered
+        occurrences stay gaps in the ledger)."""
         entries = [self.entries[n] for n in names if self.entries[n].trigger == "beat"]
         if entries:
             now = self.clock.now()
-            self._record(self.recorder.catch_up(entries, now, self.membership.live_since), now)
+            live = self.membership.live_since
+            since = live if taken_over else None
+            self._record(self.recorder.catch_up(entries, now, live, since), now)
 
     # -- timing ---------------------------------------------------------------------------
 

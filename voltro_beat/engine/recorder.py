@@ -111,19 +111,25 @@ class Recorder:
         return won_claims
 
     def catch_up(
-        self, entries: Sequence[Entry], now: datetime, live_since: Mapping[str, datetime]
+        self,
+        entries: Sequence[Entry],
+        now: datetime,
+        live_since: Mapping[str, datetime],
+        since: Mapping[str, datetime] | None = None,
     ) -> list[Run]:
         """At boot (in ``cluster`` coordination, when this replica takes their shard): the
-        runs of ``entries``' occurrences since their last recorded one that
-        their ``catch_up`` policy asks to record (:mod:`voltro_beat.catchup`); the policy is
-        for downtime, so not for the occurrences after ``live_since[name]``, when a live
-        replica that runs the schedule (this one too) had started."""
+        runs of ``entries``' occurrences since their last recorded one (for a schedule with
+        none, since ``since[name]``, else from now) that their ``catch_up`` policy asks to
+        record
+        (:mod:`voltro_beat.catchup`); the policy is for downtime, so not for the occurrences
+        after ``live_since[name]``, when a live replica that runs the schedule (this one too)
+        had started."""
         last = self._store.last_scheduled([e.name for e in entries])
         backfill: list[Run] = []
         for entry in entries:
             plan = catchup.plan(
                 entry,
-                last.get(entry.name),
+                last.get(entry.name, (since or {}).get(entry.name)),
                 now,
                 on_time=self._lease,
                 live_since=live_since.get(entry.name),
