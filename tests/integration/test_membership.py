@@ -18,6 +18,7 @@ from beat_kit import drain, recover, rows, sec, tick
 
 from voltro_beat.store.database import Database
 from voltro_beat.store.registry import Registry
+from voltro_beat.store.sqlite import SQLite
 
 
 def every_second(**extra: Any) -> dict[str, Any]:
@@ -242,3 +243,23 @@ def test_occurrences_yielded_to_a_newest_replica_that_died_are_never_left_withou
     outcomes = {(runs[k].replica, runs[k].status, runs[k].reason) for k in keys}
     assert ("old", "missed", "yielded") in outcomes
     assert runs[keys[-1]].replica == "old" and runs[keys[-1]].status == "published"
+
+
+def test_a_heartbeat_judges_who_is_live_as_of_itself(
+    replicas: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the simulation (cluster seed 1067): on SQLite the heartbeat's update and its
+    read of the live replicas are two statements, and the read judged liveness at a clock
+    reading taken after the first: a pause in between (here 30 s) left even the replica
+    itself out, and in cluster coordination it then took every free shard and caught up on
+    them as if nobody had run. Fails without the fix (an empty list)."""
+    one, two = replicas("one"), replicas("two")
+    tick(one, sec(0))
+    tick(two, sec(0.1))
+    registry = Registry(Database.open(store_url))
+    registry.database.clock = lambda: sec(0.5)
+    readings = iter([sec(0.5)])  # the heartbeat's; every later reading comes after the pause
+    monkeypatch.setattr(SQLite, "now", lambda self: next(readings, sec(30.5)))
+    answer = registry.heartbeat("one", None, timedelta(seconds=10))
+    assert answer is not None
+    assert [r.name for r in answer[1]] == ["one", "two"]

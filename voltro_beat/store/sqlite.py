@@ -26,7 +26,7 @@ from voltro_beat.runs import Run
 from voltro_beat.shards import Tenure
 from voltro_beat.status import Status
 from voltro_beat.store.dialect import SQLITE_CHUNK, Dialect, chunks
-from voltro_beat.store.tables import RUNS, claims, instant, runs, shards, watermarks
+from voltro_beat.store.tables import RUNS, claims, instant, replicas, runs, shards, watermarks
 
 if TYPE_CHECKING:
     from voltro_beat.store.database import Database
@@ -248,12 +248,15 @@ class SQLite(Dialect):
     ) -> tuple[tuple[datetime, float, float], Sequence[sa.Row[Any]]] | None:
         with self.statement() as conn:
             sent = self.database.monotonic()
-            now = conn.execute(beat.returning(_NOW)).scalar()
+            found = conn.execute(beat.returning(_NOW, replicas.c.last_seen)).first()
             received = self.database.monotonic()
-        if now is None:
+        if found is None:
             return None
+        now, seen = found
+        # Who was live as of this heartbeat (as PostgreSQL's one statement reads it): judged
+        # at a later reading, a pause in between would leave even this replica out.
         with self.database.connect() as conn:
-            rows = conn.execute(live(self.now())).all()
+            rows = conn.execute(live(seen)).all()
         return (instant(now), sent, received), rows
 
     def ledger_connection(self, conn: Connection) -> None:
