@@ -33,7 +33,11 @@ PASSWORD = "not-a-default-Pa55"
 #: The users every Django site has: (name, staff, superuser, permissions).
 USERS = {
     "admin": (True, True, ()),
-    "viewer": (True, False, ("view_run", "view_claim", "view_replica")),
+    "viewer": (
+        True,
+        False,
+        ("view_run", "view_claim", "view_replica", "view_shard", "view_singletonstate"),
+    ),
     "staff": (True, False, ()),
     "outsider": (False, False, ("view_run",)),
 }

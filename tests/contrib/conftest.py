@@ -40,9 +40,10 @@ from vbt_harness import (
 from voltro_beat.contrib.django.apps import ROUTER
 from voltro_beat.replicas import Replica
 from voltro_beat.status import UNFINISHED
+from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database
 from voltro_beat.store.registry import Registry
-from voltro_beat.store.tables import claims, replicas, runs
+from voltro_beat.store.tables import claims, replicas, runs, shards, singletons
 
 #: The schedules of the scenario: one per outcome the admin shows.
 SCHEDULES = (
@@ -157,6 +158,7 @@ def seeded(workdir: Path, require_service: Callable[[str, str], str]) -> Iterato
         finally:
             made.close()
         register_replicas(dep.store_url)
+        hold_shards(dep.store_url)
         late, stuck = stall_runs(dep.store_url)
         engine = sa.create_engine(dep.store_url, poolclass=sa.NullPool)
         with engine.connect() as conn:
@@ -231,6 +233,24 @@ def register_replicas(store_url: str) -> None:
         database.dispose()
 
 
+def hold_shards(store_url: str) -> None:
+    """Cluster coordination's rows, as the store writes them: :data:`LIVE` holds shards 0 and
+    1 of group ``default`` (1 at epoch 2: it moved once), shard 2's owner let its lease run
+    out; singleton ``inbox`` runs on LIVE, ``reconcile`` failed on GONE."""
+    live, gone = (BeatStore(Database.open(store_url), replica=r.name) for r in (LIVE, GONE))
+    try:
+        hour, moment = timedelta(hours=1), timedelta(milliseconds=1)
+        gone.exchange_shards("default", keep={}, release=(), acquire=[1, 2], lease=moment)
+        time.sleep(0.01)
+        live.exchange_shards("default", keep={}, release=(), acquire=[0, 1], lease=hour)
+        live.record_singleton("default", "inbox", token=1, state="running")
+        error = "Traceback (most recent call last):\nRuntimeError: ledger unreachable"
+        gone.record_singleton("default", "reconcile", token=2, state="failed", error=error)
+    finally:
+        live.close()
+        gone.close()
+
+
 def failed_run(seeded: Seeded) -> dict[str, object]:
     """The newest failed run (the Django sites have a task result stored for it)."""
     return seeded.row(seeded.newest(status="failed")[0])
@@ -284,7 +304,7 @@ def copy_to_sqlite(store_url: str, path: Path) -> str:
     target.upgrade()
     source = sa.create_engine(store_url, poolclass=sa.NullPool)
     with source.connect() as read, target.engine.begin() as write:
-        for table in (runs, claims, replicas):
+        for table in (runs, claims, replicas, shards, singletons):
             rows = [dict(r._mapping) for r in read.execute(sa.select(table))]
             if rows:
                 write.execute(table.insert(), rows)

@@ -119,3 +119,21 @@ def check_replicas(listed: str, detail: str, live: Any, gone: Any) -> None:
     text = html.unescape(detail)
     for name, value in live.settings.items():
         assert f'"{name}": {json.dumps(value)}' in text, name
+
+
+def check_shards(listed: str) -> None:
+    """A shards list page (the rows of ``conftest.hold_shards``): owner, state and epoch."""
+    rows = table_rows(listed)
+    line = {n: next(t for t in rows if re.search(rf"\bdefault {n}\b", t)) for n in (0, 1, 2)}
+    assert "owned" in line[0] and "beat-live" in line[0] and "not owned" not in line[0], line
+    assert re.search(r"owned beat-live 2\b", line[1]), line[1]
+    assert "not owned" in line[2], line[2]
+
+
+def check_singletons(listed: str) -> None:
+    """A singletons list page (the rows of ``conftest.hold_shards``)."""
+    rows = table_rows(listed)
+    inbox = next(t for t in rows if " inbox " in f" {t} ")
+    reconcile = next(t for t in rows if " reconcile " in f" {t} ")
+    assert "running beat-live 1" in inbox, inbox
+    assert "failed beat-gone 2" in reconcile and "ledger unreachable" in reconcile, reconcile

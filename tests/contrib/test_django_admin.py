@@ -20,13 +20,23 @@ import httpx
 import pytest
 from admin_sites import DjangoSite
 from conftest import GONE, LIVE, Seeded, django_site, failed_run
-from pages import COLUMNS, FILTERS, check_replicas, expected_overview, overview
+from pages import (
+    COLUMNS,
+    FILTERS,
+    check_replicas,
+    check_shards,
+    check_singletons,
+    expected_overview,
+    overview,
+)
 from vbt_harness import ProcessSet
 
 RUNS = "/admin/voltro_beat/run/"
 CLAIMS = "/admin/voltro_beat/claim/"
 REPLICAS = "/admin/voltro_beat/replica/"
 SCHEDULES = "/admin/voltro_beat/schedule/"
+SHARDS = "/admin/voltro_beat/shard/"
+SINGLETONS = "/admin/voltro_beat/singletonstate/"
 #: Rows per page of the Django admin.
 PAGE = 100
 PARTS = ("year", "month", "day")
@@ -222,3 +232,11 @@ def test_replicas_list_and_detail(viewer: httpx.Client) -> None:
     check_replicas(listed.text, detail.text, LIVE, GONE)
     assert '"boom-2s": "1e1e1e1e1e1e1e1e"' in html.unescape(detail.text)
     assert "Save" not in detail.text  # read-only
+
+
+def test_shards_and_singletons(viewer: httpx.Client) -> None:
+    shards, singletons = viewer.get(SHARDS), viewer.get(SINGLETONS)
+    assert shards.status_code == singletons.status_code == 200
+    check_shards(shards.text)
+    check_singletons(singletons.text)
+    assert "Add shard" not in shards.text

@@ -14,7 +14,15 @@ import httpx
 import pytest
 from admin_sites import SqladminSite, run_admin_command
 from conftest import APP, GONE, LIVE, Seeded, failed_run
-from pages import COLUMNS, FILTERS, check_replicas, expected_overview, overview
+from pages import (
+    COLUMNS,
+    FILTERS,
+    check_replicas,
+    check_shards,
+    check_singletons,
+    expected_overview,
+    overview,
+)
 from vbt_harness import ProcessSet
 
 RUNS = "/admin/run/list"
@@ -185,3 +193,11 @@ def test_replicas_list_and_detail(operator: httpx.Client) -> None:
     assert listed.status_code == detail.status_code == 200
     check_replicas(listed.text, detail.text, LIVE, GONE)
     assert '"boom-2s": "1e1e1e1e1e1e1e1e"' in html.unescape(detail.text)
+
+
+def test_shards_and_singletons(operator: httpx.Client) -> None:
+    shards = operator.get("/admin/shard/list")
+    singletons = operator.get("/admin/singleton-state/list")
+    assert shards.status_code == singletons.status_code == 200
+    check_shards(shards.text)
+    check_singletons(singletons.text)

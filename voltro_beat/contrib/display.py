@@ -133,6 +133,17 @@ def liveness(live: bool) -> tuple[str, str]:
     return ("live", _GREEN) if live else ("gone", _GREY)
 
 
+def ownership(owner: str | None, lease_until: datetime | None, now: datetime) -> tuple[str, str]:
+    """A shard's state as its badge shows it: owned while its owner's lease runs on the
+    database's clock, else not owned (its schedules wait for a replica to take it)."""
+    held = owner is not None and lease_until is not None and lease_until > now
+    return ("owned", _GREEN) if held else ("not owned", _RED)
+
+
+#: A singleton's state and its badge's colour.
+SINGLETON_COLOURS = {"running": _GREEN, "returned": _BLUE, "failed": _RED, "stopped": _GREY}
+
+
 def offset_text(offset: float | None) -> str:
     """A replica's clock offset (its clock minus the database's) in signed seconds."""
     return "-" if offset is None else f"{offset:+.3f} s"

@@ -39,6 +39,7 @@ from voltro_beat.contrib.display import (
     LATE,
     LEGEND,
     MARKER_COLOUR,
+    SINGLETON_COLOURS,
     STUCK,
     STUCK_AFTER,
     capped,
@@ -49,9 +50,17 @@ from voltro_beat.contrib.display import (
     lag,
     liveness,
     offset_text,
+    ownership,
     seconds_text,
 )
-from voltro_beat.contrib.django.models import Claim, Replica, Run, Schedule
+from voltro_beat.contrib.django.models import (
+    Claim,
+    Replica,
+    Run,
+    Schedule,
+    Shard,
+    SingletonState,
+)
 from voltro_beat.replicas import Replica as Summary
 from voltro_beat.replicas import lives
 from voltro_beat.status import ON_WORKER, Status
@@ -352,6 +361,52 @@ class ReplicaAdmin(ReadOnlyAdmin):
     @admin.display(description="schedules (name: definition hash)")
     def map_text(self, replica: Replica) -> SafeString:
         return format_html("<pre style='margin:0'>{}</pre>", json_text(replica.schedules))
+
+
+@admin.register(Shard)
+class ShardAdmin(ReadOnlyAdmin):
+    """Cluster coordination's shards: each one's owner while its lease runs (on the database's
+    clock), and its epoch (one more at every change of owner). A shard not owned is an alert:
+    its schedules wait for a replica of the group to take it."""
+
+    list_display = ("shard_group", "shard", "state", "owner", "epoch", "lease", "since")
+    list_display_links = None
+    list_filter = ("shard_group", "owner")
+    sortable_by = ()
+    date_hierarchy = None
+    lease = _instant("lease_until", "lease until")
+    since = _instant("changed_at", "owner since")
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).annotate(database_now=Now())
+
+    @admin.display(description="state")
+    def state(self, shard: Shard) -> SafeString:
+        return _badge(*ownership(shard.owner, shard.lease_until, shard.database_now))
+
+
+@admin.register(SingletonState)
+class SingletonAdmin(ReadOnlyAdmin):
+    """Singletons: where each one last ran, with which fencing token, and how it ended (a
+    failure with its traceback)."""
+
+    list_display = ("singleton_group", "name", "state_badge", "replica", "token", "at", "error")
+    list_display_links = None
+    sortable_by = ()
+    date_hierarchy = None
+    search_fields = ("name__exact", "replica__exact")
+    search_help_text = "A whole singleton or replica name."
+    at = _instant("since", "since")
+
+    @admin.display(description="state")
+    def state_badge(self, singleton: SingletonState) -> SafeString:
+        return _badge(singleton.state, SINGLETON_COLOURS.get(singleton.state, colour("")))
+
+    @admin.display(description="error")
+    def error(self, singleton: SingletonState) -> SafeString | str:
+        if not singleton.error:
+            return "-"
+        return format_html("<pre style='margin:0'>{}</pre>", singleton.error)
 
 
 @admin.register(Schedule)

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from voltro_beat.contrib.display import OUTCOMES
 from voltro_beat.status import Status
-from voltro_beat.store.tables import CLAIMS, REPLICAS, RUNS
+from voltro_beat.store.tables import CLAIMS, REPLICAS, RUNS, SHARDS, SINGLETONS
 
 _PERIODS = ("year", "month", "day")
 
@@ -153,3 +153,51 @@ class Replica(models.Model):
 
     def __str__(self) -> str:
         return str(self.name)
+
+
+# The two tables below are keyed by (group, name); Django's admin takes one column as the key,
+# so their rows are listed without pages of their own (the list shows every column).
+
+
+class Shard(models.Model):
+    """A row of ``_voltro_beat_shards`` (cluster coordination): a shard's owner, epoch and
+    lease."""
+
+    shard_group = models.TextField("group", primary_key=True)
+    shard = models.IntegerField()
+    owner = models.TextField(null=True)
+    epoch = models.IntegerField()
+    lease_until = models.DateTimeField("lease until", null=True)
+    changed_at = models.DateTimeField("owner since", null=True)
+
+    class Meta:
+        managed = False
+        db_table = SHARDS
+        ordering = ("shard_group", "shard")
+        default_permissions = ("view",)
+
+    def __str__(self) -> str:
+        return f"{self.shard_group} {self.shard}"
+
+
+class SingletonState(models.Model):
+    """A row of ``_voltro_beat_singletons``: where a singleton last ran, with which token,
+    and how it ended."""
+
+    singleton_group = models.TextField("group", primary_key=True)
+    name = models.TextField()
+    replica = models.TextField()
+    token = models.IntegerField()
+    state = models.TextField()
+    since = models.DateTimeField()
+    error = models.TextField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = SINGLETONS
+        ordering = ("singleton_group", "name")
+        default_permissions = ("view",)
+        verbose_name = "singleton"
+
+    def __str__(self) -> str:
+        return f"{self.singleton_group} {self.name}"

@@ -19,8 +19,19 @@ from voltro_beat.contrib.sqladmin.views import (
     ReplicaAdmin,
     RunAdmin,
     SchedulesView,
+    ShardAdmin,
+    SingletonAdmin,
     VoltroAdmin,
     add_views,
 )
 
-__all__ = ["ClaimAdmin", "ReplicaAdmin", "RunAdmin", "SchedulesView", "VoltroAdmin", "add_views"]
+__all__ = [
+    "ClaimAdmin",
+    "ReplicaAdmin",
+    "RunAdmin",
+    "SchedulesView",
+    "ShardAdmin",
+    "SingletonAdmin",
+    "VoltroAdmin",
+    "add_views",
+]

@@ -10,7 +10,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, column_property
 
 from voltro_beat import replicas as registry
 from voltro_beat.contrib.display import lag
-from voltro_beat.store.tables import UTCDateTime, claims, replicas, runs
+from voltro_beat.store.tables import UTCDateTime, claims, replicas, runs, shards, singletons
 
 
 class _Base(DeclarativeBase):
@@ -67,3 +67,21 @@ class Replica(_Base):
     def live(self) -> bool:
         """Its last heartbeat is younger than its publish timeout."""
         return registry.lives(registry.Replica.of(self), self.database_now)
+
+
+class Shard(_Base):
+    """A row of ``_voltro_beat_shards`` (cluster coordination), read with the database's
+    clock."""
+
+    __table__ = shards
+    database_now: Mapped[datetime] = _database_now()
+    owner: Mapped[str | None]
+    lease_until: Mapped[datetime | None]
+
+
+class SingletonState(_Base):
+    """A row of ``_voltro_beat_singletons``: what became of a singleton where it last ran."""
+
+    __table__ = singletons
+    state: Mapped[str]
+    error: Mapped[str | None]

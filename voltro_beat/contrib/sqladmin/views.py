@@ -32,6 +32,7 @@ from voltro_beat.contrib.display import (
     LEGEND,
     MARKER_COLOUR,
     OUTCOMES,
+    SINGLETON_COLOURS,
     STUCK,
     STUCK_AFTER,
     capped,
@@ -41,9 +42,10 @@ from voltro_beat.contrib.display import (
     json_text,
     liveness,
     offset_text,
+    ownership,
     seconds_text,
 )
-from voltro_beat.contrib.sqladmin.models import Claim, Replica, Run
+from voltro_beat.contrib.sqladmin.models import Claim, Replica, Run, Shard, SingletonState
 from voltro_beat.status import ON_WORKER, Status
 from voltro_beat.store.reads import SCHEDULE_NAMES_SQL
 from voltro_beat.store.tables import UTCDateTime
@@ -300,6 +302,50 @@ class ReplicaAdmin(_ReadOnly, model=Replica):
     column_searchable_list = ["name", "host"]
 
 
+class ShardAdmin(_ReadOnly, model=Shard):
+    """Cluster coordination's shards: each one's owner while its lease runs, and its epoch
+    (one more at every change of owner). A shard not owned is an alert: its schedules wait
+    for a replica of the group to take it."""
+
+    name = "Shard"
+    name_plural = "Shards"
+    icon = "fa-solid fa-chart-pie"
+    column_list = ["shard_group", "shard", "held", "owner", "epoch", "lease_until", "changed_at"]
+    column_details_list = column_list
+    column_labels = {
+        "shard_group": "group",
+        "held": "state",
+        "lease_until": "lease until",
+        "changed_at": "owner since",
+    }
+    column_formatters = {
+        "held": lambda r, _a: _badge(*ownership(r.owner, r.lease_until, r.database_now)),
+    }
+    column_formatters_detail = column_formatters
+    column_sortable_list = ["shard"]
+    column_default_sort = [("shard_group", False), ("shard", False)]
+    column_searchable_list = ["owner"]
+
+
+class SingletonAdmin(_ReadOnly, model=SingletonState):
+    """Singletons: where each one last ran, with which fencing token, and how it ended."""
+
+    name = "Singleton"
+    name_plural = "Singletons"
+    icon = "fa-solid fa-circle-dot"
+    column_list = ["singleton_group", "name", "state", "replica", "token", "since", "error"]
+    column_details_list = column_list
+    column_labels = {"singleton_group": "group"}
+    column_formatters = {
+        "state": lambda r, _a: _badge(r.state, SINGLETON_COLOURS.get(r.state, colour(r.state))),
+        "error": _clipped,
+    }
+    column_formatters_detail = {**column_formatters, "error": _error}
+    column_sortable_list = ["name"]
+    column_default_sort = [("singleton_group", False), ("name", False)]
+    column_searchable_list = ["name", "replica"]
+
+
 class SchedulesView(BaseView):
     """One line per schedule: its newest runs as coloured squares, success rate, last run,
     median publish lag and, given the Celery app, its next occurrences."""
@@ -376,7 +422,7 @@ def add_views(
     celery_app: str | None = None,
     stuck_after: timedelta = STUCK_AFTER,
 ) -> None:
-    """Add the runs, claims, replicas and schedules views to ``admin``.
+    """Add the runs, claims, replicas, shards, singletons and schedules views to ``admin``.
 
     ``celery_app`` (``"proj.celery:app"``) lets the schedules view show each entry's next
     occurrences from the app's ``beat_schedule``; a run started ``stuck_after`` ago and not
@@ -390,5 +436,5 @@ def add_views(
     SchedulesView.is_async = admin.is_async
     SchedulesView.celery_app = celery_app
     RunAdmin.stuck_after = stuck_after
-    for view in (RunAdmin, ClaimAdmin, ReplicaAdmin, SchedulesView):
+    for view in (RunAdmin, ClaimAdmin, ReplicaAdmin, ShardAdmin, SingletonAdmin, SchedulesView):
         admin.add_view(view)
