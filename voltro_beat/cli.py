@@ -34,7 +34,7 @@ from voltro_beat.occurrences import (
 )
 from voltro_beat.on_demand import OnDemand, load_app
 from voltro_beat.replicas import lives
-from voltro_beat.schedules import Entry, Spec, check_name, to_spec
+from voltro_beat.schedules import DEFAULT_GROUP, Entry, Spec, check_name, to_spec
 from voltro_beat.shards import shard_of
 from voltro_beat.status import Reason, Status
 from voltro_beat.store import reads
@@ -535,7 +535,9 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 def status(settings: Settings) -> None:
     """One line per schedule: next occurrence, last run and its status, success rate over the
     retained runs that executed (succeeded or failed), median publish lag, and the runs by
-    outcome (missed by reason, skipped by the overlap policy); then the replicas seen recently.
+    outcome (missed by reason, skipped by the overlap policy); then the replicas seen recently,
+    the shards of cluster coordination, and (with -A) each group of schedules no live replica
+    serves.
 
     With -A proj the schedules are the app's beat_schedule and the entries Celery's beat adds
     (celery.backend_cleanup), with their next occurrences;
@@ -581,6 +583,13 @@ def status(settings: Settings) -> None:
         )
     for line in _shard_summary(shard_rows):
         console.print(f"shards: {line}")
+    served = {str(r.settings.get("group", DEFAULT_GROUP)) for r in live}
+    groups = Counter(e.group for e in entries.values())
+    for group, count in sorted(groups.items()):
+        if group not in served:
+            console.print(
+                f"group {group}: {count} schedules and NO LIVE REPLICA: nothing fires them"
+            )
 
 
 @main.command()

@@ -3,8 +3,10 @@ check of a shard owner's claim (guarantee 14)."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -12,9 +14,11 @@ from test_store import LEASE, SHORT, occ, recent
 
 from voltro_beat.cli import main
 from voltro_beat.coordination import Coordination
+from voltro_beat.replicas import Replica
 from voltro_beat.shards import Tenure
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.reads import shard_leases
+from voltro_beat.store.registry import Registry
 
 CLUSTER = Coordination.CLUSTER
 Stores = Callable[[str], BeatStore]
@@ -121,3 +125,28 @@ def test_the_shards_command_says_who_owns_what_and_what_nobody_owns(
     assert "singleton inbox (group g): running on b since" in result.output, result.output
     status = CliRunner().invoke(main, ["status", "--store", url])
     assert "shards: group g: 4 shards" in status.output, status.output
+
+
+def test_status_names_a_group_of_schedules_no_live_replica_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stores: Stores
+) -> None:
+    store = stores("a")  # registers nothing: a replica of group default, below
+    name = f"groups_app_{tmp_path.name.replace('-', '_')}"
+    schedule = {
+        "report": {"task": "t", "schedule": 60.0},
+        "invoice": {"task": "t", "schedule": 60.0, "group": "billing"},
+    }
+    (tmp_path / f"{name}.py").write_text(
+        f"from celery import Celery\napp = Celery({name!r})\n"
+        f"app.conf.beat_schedule = {schedule!r}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings = {"group": "default", "publish_timeout": 10.0}
+    replica = Replica("a", "h", 1, "v", None, None, None, settings)
+    Registry(store.database).register(replica, {"report": "00"})
+    url = str(store.database.engine.url.render_as_string(hide_password=False))
+    out = CliRunner().invoke(main, ["status", "-A", name, "--store", url])
+    assert out.exit_code == 0, out.output
+    assert "group billing: 1 schedules and NO LIVE REPLICA" in out.output
+    assert "group default" not in out.output
+    sys.modules.pop(name, None)
