@@ -84,6 +84,19 @@ class SimReplica:
             self.joined_at = world.t
 
         self.engine.membership.join = joined  # type: ignore[method-assign]
+        #: When each heartbeat that found its row was sent: its ``last_seen`` is no older.
+        self.heartbeats: list[float] = []
+        registry = self.engine.membership.registry
+        heartbeat = registry.heartbeat
+
+        def beat(*args: Any, **kwargs: Any) -> Any:
+            sent = world.t
+            answer = heartbeat(*args, **kwargs)
+            if answer is not None:
+                self.heartbeats.append(sent)
+            return answer
+
+        registry.heartbeat = beat  # type: ignore[method-assign]
         process.on_sigterm = self._on_sigterm
         process.spawn(self._serve, "beat", main=True)
         world.log(name, "boots", f"{len(entries)} schedules")

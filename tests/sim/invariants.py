@@ -166,7 +166,7 @@ def _live_at_boot(
     if written is not None:
         if joined is not None and joined < at - 0.1:
             return f"{booting} itself"  # it took the shard over long after it booted
-        joined = written
+        return _seen_live(expect, schedule, booting, at, written)
     if joined is None:
         return None
     heartbeat = min(expect.lease / 4, 1.0)
@@ -261,6 +261,35 @@ def _live_throughout(expect: Expectations, entry: Entry, t: float) -> str | None
         if any(not ok for at, ok in outcomes if start <= at <= end):
             continue
         return replica.name
+    return None
+
+
+def _seen_live(
+    expect: Expectations, schedule: str, writer: str, at: float, written: float
+) -> str | None:
+    """A replica that ran ``schedule`` since before ``at`` and that the registry showed live
+    at ``written``: a heartbeat of it was sent less than a lease before (its ``last_seen`` is
+    no older), and no later incarnation of it had replaced its row by then. (Cluster
+    coordination judges by heartbeats rather than steps: a catch-up on a shard taken over
+    may follow a stall of the store during which every step was slow.)"""
+    for replica in expect.replicas:
+        if (
+            replica.name == writer
+            or schedule not in replica.entries
+            or replica.joined_at is None
+            or replica.joined_at > at - 0.1
+            or any(
+                other.name == replica.name
+                and other.joined_at is not None
+                and replica.joined_at < other.joined_at < written
+                for other in expect.replicas
+            )
+        ):
+            continue
+        if any(
+            written - expect.lease + 0.1 <= sent <= written - 0.1 for sent in replica.heartbeats
+        ):
+            return replica.name
     return None
 
 

@@ -39,8 +39,8 @@ class Registry:
 
     def register(self, me: Replica, schedules: Mapping[str, str]) -> None:
         """Write (or replace) this replica's row; ``started_at`` and ``last_seen`` are now on
-        the database's clock, and ``me``'s own are ignored."""
-        now = self.database.now()
+        the database's clock as the statement runs, and ``me``'s own are ignored."""
+        now = self.database.statement_clock()
         row = {
             "name": me.name,
             "host": me.host,
@@ -74,7 +74,7 @@ class Registry:
         beat = (
             sa.update(replicas)
             .where(replicas.c.name == name)
-            .values(last_seen=self.database.now(), clock_offset=clock_offset)
+            .values(last_seen=self.database.statement_clock(), clock_offset=clock_offset)
         )
         found = self.database.dialect.heartbeat(beat, lambda now: _live(now, within))
         if found is None:
