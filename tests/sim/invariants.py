@@ -216,11 +216,8 @@ def _nothing_lost(
             key = _key(name, at)
             if key not in rows:
                 t = _t(world, at)
-                holder = (
-                    _live_throughout(expect, entry, t)
-                    if expect.cluster
-                    else _had_it(expect, name, t)
-                )
+                had = _live_throughout if expect.cluster else _had_it
+                holder = had(expect, entry, t)
                 if holder is not None:
                     observer.violate(
                         "lost",
