@@ -129,11 +129,11 @@ class Ownership:
         return changed, [name for name, s in self.shard_of.items() if s in gained]
 
     def release(self) -> None:
-        """Give up every shard (a graceful stop): the others take them at once."""
-        if self.held:
-            self._store.release_shards(self.group)
-            self.held = {}
-            self.tenure = Tenure(self.group, {})
+        """Give up every shard (a graceful stop): the others take them at once. Also those
+        this replica holds without knowing it (an exchange whose answer was lost)."""
+        self._store.release_shards(self.group)
+        self.held = {}
+        self.tenure = Tenure(self.group, {})
 
 
 def _ranges(shards: Sequence[int]) -> str:

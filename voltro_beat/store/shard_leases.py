@@ -41,8 +41,9 @@ class ShardLeases:
     ) -> tuple[dict[int, int], dict[int, int]]:
         """In one transaction: give up the shards ``release``; renew for ``lease`` those of
         ``keep`` (shard -> epoch) this replica still holds at that epoch under a running
-        lease; take those of ``acquire`` that are free, each at its next epoch. Returns the
-        shards held now and those of them just taken, each as shard -> epoch."""
+        lease; take those of ``acquire`` that are free, each at its next epoch (or that it
+        holds already, at their epoch). Returns the shards held now and those of them just
+        taken, each as shard -> epoch."""
         with self.database.connect() as conn, conn.begin():
             now = self.database.now()
             mine = sa.and_(shards.c.shard_group == group, shards.c.owner == self.replica)
@@ -69,18 +70,21 @@ class ShardLeases:
                     .values([{"shard_group": group, "shard": s, "epoch": 0} for s in wanted])
                     .on_conflict_do_nothing()
                 )
+                # A shard this replica holds without knowing it (the answer of the exchange
+                # that took it was lost) it takes back at the same epoch: nobody else had it.
+                own = sa.and_(shards.c.owner == self.replica, shards.c.lease_until > now)
                 taken = conn.execute(
                     sa.update(shards)
                     .where(
                         shards.c.shard_group == group,
                         shards.c.shard.in_(wanted),
-                        sa.or_(shards.c.owner.is_(None), shards.c.lease_until <= now),
+                        sa.or_(shards.c.owner.is_(None), shards.c.lease_until <= now, own),
                     )
                     .values(
                         owner=self.replica,
-                        epoch=shards.c.epoch + 1,
+                        epoch=sa.case((own, shards.c.epoch), else_=shards.c.epoch + 1),
                         lease_until=now + lease,
-                        changed_at=now,
+                        changed_at=sa.case((own, shards.c.changed_at), else_=now),
                     )
                     .returning(shards.c.shard, shards.c.epoch)
                 )
