@@ -31,6 +31,7 @@ from vbt_harness import (
 )
 
 from voltro_beat.shards import shard_of
+from voltro_beat.store.tables import replicas
 from voltro_beat.store.tables import shards as shards_table
 
 #: Twelve one-second schedules: enough that every replica owns some.
@@ -52,6 +53,23 @@ def owners(dep: Deployment) -> dict[int, str | None]:
         r.shard: r.owner if r.lease_until is not None and r.lease_until > clock else None
         for r in rows
     }
+
+
+def warm_up(dep: Deployment) -> dict[str, float]:
+    """Per replica, seconds from its registration to the first shard it owns now (the
+    shards table's ``changed_at``, both on the database's clock)."""
+    engine = sa.create_engine(dep.store_url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            started = dict(conn.execute(sa.select(replicas.c.name, replicas.c.started_at)).all())
+            first = conn.execute(
+                sa.select(shards_table.c.owner, sa.func.min(shards_table.c.changed_at))
+                .where(shards_table.c.owner.is_not(None))
+                .group_by(shards_table.c.owner)
+            ).all()
+    finally:
+        engine.dispose()
+    return {o: round((at - started[o]).total_seconds(), 2) for o, at in first if o in started}
 
 
 def owned_by(dep: Deployment) -> Counter[str | None]:
@@ -98,6 +116,7 @@ def test_three_owners_share_the_shards_and_each_occurrence_runs_once(
     end = window + timedelta(seconds=10)
     sleep_until(window + timedelta(seconds=5))
     shares = owned_by(dep)
+    print(f"boot to first owned shard: {warm_up(dep)}")
     outcome = finish(dep, SCHEDULES, window, end)
 
     check_once(outcome, "three cluster replicas")
