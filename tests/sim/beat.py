@@ -84,8 +84,9 @@ class SimReplica:
             self.joined_at = world.t
 
         self.engine.membership.join = joined  # type: ignore[method-assign]
-        #: When each heartbeat that found its row was sent: its ``last_seen`` is no older.
-        self.heartbeats: list[float] = []
+        #: Each heartbeat that found its row, as (sent, answered): its ``last_seen`` lies
+        #: between the two.
+        self.heartbeats: list[tuple[float, float]] = []
         registry = self.engine.membership.registry
         heartbeat = registry.heartbeat
 
@@ -93,7 +94,7 @@ class SimReplica:
             sent = world.t
             answer = heartbeat(*args, **kwargs)
             if answer is not None:
-                self.heartbeats.append(sent)
+                self.heartbeats.append((sent, world.t))
             return answer
 
         registry.heartbeat = beat  # type: ignore[method-assign]

@@ -264,11 +264,18 @@ def _live_throughout(expect: Expectations, entry: Entry, t: float) -> str | None
 def _seen_live(
     expect: Expectations, schedule: str, writer: str, at: float, written: float
 ) -> str | None:
-    """A replica that ran ``schedule`` since before ``at`` and that the registry showed live
-    at ``written``: a heartbeat of it was sent less than a lease before (its ``last_seen`` is
-    no older), and no later incarnation of it had replaced its row by then. (Cluster
-    coordination judges by heartbeats rather than steps: a catch-up on a shard taken over
-    may follow a stall of the store during which every step was slow.)"""
+    """A replica that ran ``schedule`` since before ``at`` and that the registry surely showed
+    live to ``writer`` when it decided to write at ``written``: as of ``writer``'s last
+    heartbeat before, that replica's heartbeat had been answered (so it was visible) and had
+    been sent less than a lease before (its ``last_seen`` is no older), and no later
+    incarnation of it had replaced its row by then. (Cluster coordination judges by
+    heartbeats rather than steps: a catch-up on a shard taken over may follow a stall of the
+    store during which every step was slow.)"""
+    mine = next((r.heartbeats for r in expect.replicas if r.name == writer), [])
+    before = [(sent, answered) for sent, answered in mine if answered <= written]
+    if not before:
+        return None
+    sent_at, answered_at = before[-1]
     for replica in expect.replicas:
         if (
             replica.name == writer
@@ -278,13 +285,14 @@ def _seen_live(
             or any(
                 other.name == replica.name
                 and other.joined_at is not None
-                and replica.joined_at < other.joined_at < written
+                and replica.joined_at < other.joined_at < sent_at
                 for other in expect.replicas
             )
         ):
             continue
+        since = answered_at - expect.lease + 0.1
         if any(
-            written - expect.lease + 0.1 <= sent <= written - 0.1 for sent in replica.heartbeats
+            since <= sent and answered <= sent_at - 0.1 for sent, answered in replica.heartbeats
         ):
             return replica.name
     return None
