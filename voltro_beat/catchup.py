@@ -41,6 +41,7 @@ def plan(
     *,
     on_time: timedelta,
     live_since: datetime | None = None,
+    live_until: datetime | None = None,
 ) -> Plan:
     """The runs of ``entry``'s occurrences after ``last`` up to ``now``, each with its fate.
 
@@ -59,26 +60,33 @@ def plan(
     another one, or in cluster coordination the one taking the schedule's shard over) fell
     while that replica ran it, held up but not down: it is published within its
     lateness, late as that replica would publish it after a stall; the policy is for the
-    occurrences before, when no replica ran the schedule.
+    occurrences before, when no replica ran the schedule. So is an occurrence at or before
+    ``live_until`` (in cluster coordination, when the live replica that owned the schedule's
+    shard released it to the one taking it over).
     """
     if last is None:
         return Plan([])
     after = max(last, now - entry.max_lateness - timedelta(microseconds=1))
     instants, unrecorded_until = newest(entry, after, now, MAX_BACKFILL)
-    down = [at for at in instants if live_since is None or at < live_since]
+    down = [
+        at
+        for at in instants
+        if (live_since is None or at < live_since) and (live_until is None or at > live_until)
+    ]
     recent = sum(1 for at in down if at > now - on_time)
     sent = {"all": len(down), "latest": max(1, recent), "skip": recent}[entry.catch_up]
-    cut = max(0, len(down) - sent)
+    # The oldest of the downtime's occurrences, all but the newest ``sent`` of them.
+    missed = set(down[: max(0, len(down) - sent)])
     lateness = entry.max_lateness
-    missed = [
-        Run(Occurrence.of(entry.name, at), entry.task, Status.MISSED, Reason.CATCH_UP)
-        for at in instants[:cut]
-    ]
-    published = [
-        Run(Occurrence.of(entry.name, at), entry.task, deadline=at + lateness)
-        for at in instants[cut:]
-    ]
-    return Plan(missed + published, unrecorded_until)
+    return Plan(
+        [
+            Run(Occurrence.of(entry.name, at), entry.task, Status.MISSED, Reason.CATCH_UP)
+            if at in missed
+            else Run(Occurrence.of(entry.name, at), entry.task, deadline=at + lateness)
+            for at in instants
+        ],
+        unrecorded_until,
+    )
 
 
 def last_due(entry: Entry, at: datetime, *, early: timedelta) -> datetime | None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from beat_kit import rows, sec, tick
 
+from voltro_beat.exceptions import StoreError
 from voltro_beat.shards import assign
 
 #: One shard: whichever replica the assignment names owns every schedule.
@@ -40,3 +42,45 @@ def test_a_new_schedules_first_occurrence_survives_an_owner_that_stalled(
     found = rows(store_url)
     assert "s@2026-01-01T10:00:02" in found, sorted(found)
     assert found["s@2026-01-01T10:00:02"].replica == "a"
+
+
+SKIP_EVERY_SECOND = {
+    "s": {"task": "proj.work", "schedule": "* * * * * *", "catch_up": "skip"},
+}
+
+
+def test_occurrences_a_stopping_owner_had_not_claimed_are_published_not_missed(
+    replicas: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The only replica falls behind (its claims fail, its heartbeats go through), another
+    boots meanwhile and leaves the shard to it, then the owner stops gracefully and releases
+    the shard. The one taking it catches up: what fell before the release was a live
+    replica's, not downtime, so even a ``skip`` schedule publishes it late. Found by the
+    simulation (cluster seed 1597); before the fix the occurrences before the taker's own
+    start were recorded missed (catch_up)."""
+    assert assign(1, ["b", "c"])["b"] == {0}
+    owner = replicas("b", schedule=SKIP_EVERY_SECOND, **CLUSTER)
+    for n in range(2, 30):
+        tick(owner, sec(n / 10))
+
+    def fails(*args: Any, **kwargs: Any) -> set[str]:
+        raise StoreError("claims failing")
+
+    monkeypatch.setattr(owner._store, "claim", fails)
+    t = 3.0
+    while t < 8.0:
+        tick(owner, sec(t))
+        t += 0.1
+    taker = replicas("c", schedule=SKIP_EVERY_SECOND, **CLUSTER)
+    while t < 14.0:
+        tick(owner, sec(t))
+        tick(taker, sec(t + 0.05))
+        t += 0.1
+    owner._store.database.clock = lambda: sec(14.0)
+    owner.close()
+    while t < 16.0:
+        tick(taker, sec(t))
+        t += 0.1
+    found = rows(store_url)
+    fates = {n: found[f"s@2026-01-01T10:00:{n:02}"].status for n in range(4, 14)}
+    assert set(fates.values()) <= {"claimed", "published"}, fates

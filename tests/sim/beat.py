@@ -84,15 +84,6 @@ class SimReplica:
             self.joined_at = world.t
 
         self.engine.membership.join = joined  # type: ignore[method-assign]
-        #: When it left the registry (a graceful stop deletes its row).
-        self.left_at: float | None = None
-        leave = self.engine.membership.leave
-
-        def left() -> None:
-            leave()
-            self.left_at = world.t
-
-        self.engine.membership.leave = left  # type: ignore[method-assign]
         #: Each heartbeat that found its row, as (sent, answered): its ``last_seen`` lies
         #: between the two.
         self.heartbeats: list[tuple[float, float]] = []

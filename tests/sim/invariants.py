@@ -282,8 +282,6 @@ def _seen_live(
             or schedule not in replica.entries
             or replica.joined_at is None
             or replica.joined_at > at - 0.1
-            # Gone from the registry: it stopped (docs/cluster.md, known limits).
-            or (replica.left_at is not None and replica.left_at < answered_at)
             or any(
                 other.name == replica.name
                 and other.joined_at is not None

@@ -30,6 +30,7 @@ REGRESSIONS = (
     745,  # a redelivery after the retention swept its row (the documented window)
     1067,  # cluster: SQLite's heartbeat judged who was live after a pause, leaving itself out
     1378,  # the last replica stopping as the calm spell began, none booted to recover
+    1597,  # cluster: a replica behind its schedules released them, the taker called it downtime
 )
 
 

@@ -113,6 +113,28 @@ def test_a_replica_started_after_the_downtime_does_not_hide_it() -> None:
     assert [f for _, f, _ in fates(made)] == ["missed"] * 5 + ["claimed"]
 
 
+def test_what_fell_before_a_live_owner_released_its_shard_is_not_downtime() -> None:
+    # Cluster coordination (tests/sim, seed 1597): the shard's previous owner was live until it
+    # released the shard 15 s ago; what it had not claimed by then is published late. What fell
+    # after, until the taker started 2 s ago, was downtime.
+    made = plan(
+        entry(catch_up="skip"),
+        at(30),
+        NOW,
+        on_time=ZERO,
+        live_since=at(2),
+        live_until=at(15),
+    )
+    assert fates(made) == [
+        (at(25), "claimed", None),
+        (at(20), "claimed", None),
+        (at(15), "claimed", None),
+        (at(10), "missed", "catch_up"),
+        (at(5), "missed", "catch_up"),
+        (NOW, "claimed", None),
+    ]
+
+
 def test_nothing_new_since_the_last_run() -> None:
     # Last recorded at 11:59:55; the next instant, 12:00:00, is not due at 11:59:59.
     assert plan(entry(), at(5), at(1), on_time=ZERO) == Plan([])

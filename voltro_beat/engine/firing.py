@@ -261,7 +261,8 @@ class Engine:
         """Record what the catch-up policies say of schedules ``names``, at boot or as their
         shard is ``taken_over`` by this replica. Then a schedule that has no run yet (its
         owner stalled before the first) starts when the longest-running live replica that
-        runs it (this one too) started: what fell since, fell while a replica was live. An
+        runs it (this one too) started: what fell since, fell while a replica was live; and
+        what fell before a shard's previous owner released it was that live replica's. An
         external entry is fired by `voltro-beat trigger` alone: no catch-up (its untriggered
         occurrences stay gaps in the ledger)."""
         entries = [self.entries[n] for n in names if self.entries[n].trigger == "beat"]
@@ -269,7 +270,8 @@ class Engine:
             now = self.clock.now()
             live = self.membership.live_since
             since = live if taken_over else None
-            self._record(self.recorder.catch_up(entries, now, live, since), now)
+            runs = self.recorder.catch_up(entries, now, live, since, self.gate.released)
+            self._record(runs, now)
 
     # -- timing ---------------------------------------------------------------------------
 

@@ -54,6 +54,12 @@ class Gate:
         """What this replica's claims carry in ``cluster`` coordination (None otherwise)."""
         return None if self.ownership is None else self.ownership.tenure
 
+    @property
+    def released(self) -> dict[str, datetime]:
+        """Schedule -> when the replica that owned its shard released it, for the shards just
+        taken that way (``cluster`` coordination)."""
+        return {} if self.ownership is None else self.ownership.released
+
     def deferred(self, name: str) -> bool:
         """Whether schedule ``name`` is another replica's to fire, as far as this one knows."""
         if self.ownership is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 
 from voltro_beat import logs
 from voltro_beat.config import Settings
@@ -48,6 +49,9 @@ class Ownership:
         self.held: dict[int, int] = {}
         #: What this replica's claims carry.
         self.tenure = Tenure(self.group, {})
+        #: Schedule -> when the replica that owned its shard released it, for the shards just
+        #: taken that way: what fell before then was that live replica's to fire.
+        self.released: dict[str, datetime] = {}
         self._said: set[tuple[str, int]] = set()
 
     def holds(self, name: str) -> bool:
@@ -84,13 +88,18 @@ class Ownership:
         just taken (to catch up on what fell between their previous owner and this one)."""
         assigned = assign(self.count, self.members(live)).get(self._me, frozenset())
         keep = {s: e for s, e in self.held.items() if s in assigned}
+        acquire = assigned - keep.keys()
+        released = self._store.released_shards(self.group, acquire) if acquire else {}
         held, gained = self._store.exchange_shards(
             self.group,
             keep=keep,
             release=self.held.keys() - assigned,
-            acquire=assigned - keep.keys(),
+            acquire=acquire,
             lease=self._lease,
         )
+        self.released = {
+            name: released[s] for name, s in self.shard_of.items() if s in gained and s in released
+        }
         lost = sorted(keep.keys() - held.keys())
         given = sorted(self.held.keys() - assigned)
         if self._metrics.enabled:

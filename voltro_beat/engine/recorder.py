@@ -116,6 +116,7 @@ class Recorder:
         now: datetime,
         live_since: Mapping[str, datetime],
         since: Mapping[str, datetime] | None = None,
+        live_until: Mapping[str, datetime] | None = None,
     ) -> list[Run]:
         """At boot (in ``cluster`` coordination, when this replica takes their shard): the
         runs of ``entries``' occurrences since their last recorded one (for a schedule with
@@ -123,7 +124,8 @@ class Recorder:
         record
         (:mod:`voltro_beat.catchup`); the policy is for downtime, so not for the occurrences
         after ``live_since[name]``, when a live replica that runs the schedule (this one too)
-        had started."""
+        had started, nor for those up to ``live_until[name]``, when the live replica that
+        owned the schedule's shard released it."""
         last = self._store.last_scheduled([e.name for e in entries])
         backfill: list[Run] = []
         for entry in entries:
@@ -133,6 +135,7 @@ class Recorder:
                 now,
                 on_time=self._lease,
                 live_since=live_since.get(entry.name),
+                live_until=(live_until or {}).get(entry.name),
             )
             backfill += plan.runs
             if plan.unrecorded_until is not None:

@@ -15,7 +15,7 @@ writer at a time on SQLite) lets exactly one through.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
@@ -90,6 +90,20 @@ class ShardLeases:
                 )
                 gained = {s: e for s, e in taken}
         return held | gained, gained
+
+    def released_shards(self, group: str, candidates: Collection[int]) -> dict[int, datetime]:
+        """Of ``candidates``, the shards free because their owner released them (a graceful
+        stop or a rebalance), each with when."""
+        with self.database.connect() as conn:
+            rows = conn.execute(
+                sa.select(shards.c.shard, shards.c.changed_at).where(
+                    shards.c.shard_group == group,
+                    shards.c.shard.in_(sorted(candidates)),
+                    shards.c.owner.is_(None),
+                    shards.c.changed_at.is_not(None),
+                )
+            )
+            return {shard: at for shard, at in rows}
 
     def owned_shards(self, group: str) -> int:
         """How many shards of ``group`` some replica owns under a running lease."""
