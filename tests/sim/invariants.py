@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -171,20 +171,7 @@ def _live_at_boot(
         return None
     heartbeat = min(expect.lease / 4, 1.0)
     start, end = joined - expect.lease + heartbeat + 0.1, joined - 0.1
-    for replica in expect.replicas:
-        if (
-            replica.name == booting
-            or schedule not in replica.entries
-            or replica.joined_at is None
-            or replica.joined_at > at - 0.1
-            or any(
-                other.name == replica.name
-                and other.joined_at is not None
-                and replica.joined_at < other.joined_at < joined
-                for other in expect.replicas
-            )
-        ):
-            continue
+    for replica in _ran_it(expect, schedule, booting, at, joined):
         i = bisect.bisect_left(replica.steps, (start,))
         if any(e <= end for _, e in replica.steps[i : i + 50]):
             return replica.name
@@ -261,6 +248,27 @@ def _live_throughout(expect: Expectations, entry: Entry, t: float) -> str | None
     return None
 
 
+def _ran_it(
+    expect: Expectations, schedule: str, other_than: str, at: float, by: float
+) -> Iterator[SimReplica]:
+    """The replicas but ``other_than`` that ran ``schedule`` since before ``at`` (they had
+    joined the registry by then) and whose row no later incarnation had replaced by ``by``."""
+    for replica in expect.replicas:
+        if (
+            replica.name != other_than
+            and schedule in replica.entries
+            and replica.joined_at is not None
+            and replica.joined_at <= at - 0.1
+            and not any(
+                other.name == replica.name
+                and other.joined_at is not None
+                and replica.joined_at < other.joined_at < by
+                for other in expect.replicas
+            )
+        ):
+            yield replica
+
+
 def _seen_live(
     expect: Expectations, schedule: str, writer: str, at: float, written: float
 ) -> str | None:
@@ -276,20 +284,7 @@ def _seen_live(
     if not before:
         return None
     sent_at, answered_at = before[-1]
-    for replica in expect.replicas:
-        if (
-            replica.name == writer
-            or schedule not in replica.entries
-            or replica.joined_at is None
-            or replica.joined_at > at - 0.1
-            or any(
-                other.name == replica.name
-                and other.joined_at is not None
-                and replica.joined_at < other.joined_at < sent_at
-                for other in expect.replicas
-            )
-        ):
-            continue
+    for replica in _ran_it(expect, schedule, writer, at, sent_at):
         since = answered_at - expect.lease + 0.1
         if any(
             since <= sent and answered <= sent_at - 0.1 for sent, answered in replica.heartbeats
