@@ -84,6 +84,27 @@ class SimReplica:
             self.joined_at = world.t
 
         self.engine.membership.join = joined  # type: ignore[method-assign]
+        #: When it left the registry (a graceful stop deletes its row), and the schedules of
+        #: the shards it owned as far as it knew and released just before, from when.
+        self.left_at: float | None = None
+        self.released: tuple[float, frozenset[str]] | None = None
+        leave = self.engine.membership.leave
+
+        def left() -> None:
+            leave()
+            self.left_at = world.t
+
+        self.engine.membership.leave = left  # type: ignore[method-assign]
+        ownership = self.engine.gate.ownership
+        if ownership is not None:
+            release = ownership.release
+
+            def released() -> None:
+                held = frozenset(n for n in entries if ownership.holds(n))
+                self.released = (world.t, held)
+                release()
+
+            ownership.release = released  # type: ignore[method-assign]
         #: Each heartbeat that found its row, as (sent, answered): its ``last_seen`` lies
         #: between the two.
         self.heartbeats: list[tuple[float, float]] = []

@@ -285,6 +285,13 @@ def _seen_live(
         return None
     sent_at, answered_at = before[-1]
     for replica in _ran_it(expect, schedule, writer, at, sent_at):
+        if replica.left_at is not None and replica.left_at < sent_at:
+            # Gone from the registry before the writer looked. Only the shards it released
+            # then were handed over as live (the release time bounds the catch-up); a
+            # schedule on a shard another replica owned was not its to fire.
+            released_at, held = replica.released or (0.0, frozenset())
+            if schedule not in held or at > released_at - 0.1:
+                continue
         since = answered_at - expect.lease + 0.1
         if any(
             since <= sent and answered <= sent_at - 0.1 for sent, answered in replica.heartbeats
