@@ -84,3 +84,51 @@ def test_occurrences_a_stopping_owner_had_not_claimed_are_published_not_missed(
     found = rows(store_url)
     fates = {n: found[f"s@2026-01-01T10:00:{n:02}"].status for n in range(4, 14)}
     assert set(fates.values()) <= {"claimed", "published"}, fates
+
+
+EVERY_SECOND = {"s": {"task": "proj.work", "schedule": "* * * * * *", "max_lateness": 30}}
+
+
+def test_a_takeover_catch_up_that_meets_a_store_error_is_retried_not_lost(
+    replicas: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shard's owner stalls for good; the other replica, live all along, takes the shard
+    once the lease ran out and catches up on what fell meanwhile, published late. That
+    catch-up's first statement fails: the next step must retry it, as it stood when the shard
+    was taken. Before the fix the next heartbeat no longer saw the shard as just taken and
+    the occurrences older than a lease before the takeover had no row at all."""
+    assert assign(1, ["a", "b"])["b"] == {0}
+    a = replicas("a", schedule=EVERY_SECOND, **CLUSTER)
+    b = replicas("b", schedule=EVERY_SECOND, **CLUSTER)
+    tick(a, sec(0.2))
+    tick(b, sec(0.3))
+    tick(a, sec(1.2))
+    tick(b, sec(1.3))  # takes the shard, then stalls for good
+    last_scheduled = a._store.last_scheduled
+    failures = []
+
+    def fails_once(*args: Any, **kwargs: Any) -> Any:
+        if not failures:
+            failures.append(True)
+            raise StoreError("the catch-up's read fails")
+        return last_scheduled(*args, **kwargs)
+
+    t = 1.4
+    while t < 20.0:
+        tick(a, sec(t))
+        ownership = a._engine.gate.ownership
+        if ownership is not None and ownership.held and not failures:
+            break
+        if not failures:
+            monkeypatch.setattr(a._store, "last_scheduled", fails_once)
+        t += 0.1
+    t += 0.1
+    while t < 20.0:
+        tick(a, sec(t))
+        t += 0.1
+    assert failures
+    found = rows(store_url)
+    fates = {
+        n: getattr(found.get(f"s@2026-01-01T10:00:{n:02}"), "status", None) for n in range(3, 18)
+    }
+    assert None not in fates.values(), fates

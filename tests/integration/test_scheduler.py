@@ -175,6 +175,42 @@ def test_catch_up_latest_after_downtime(replicas: Any, store_url: str) -> None:
     ]
 
 
+def test_a_boot_whose_catch_up_failed_leaves_no_gap(
+    replicas: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The catch-up at boot meets a store error and the boot is retried 9 s later: the
+    catch-up is the one owed at the first attempt, and the timeline starts where it ends, so
+    the occurrences between the two attempts are recorded too (published within their
+    lateness), none left without a row."""
+    schedule = {"s": {"task": "proj.work", "schedule": 1.0, "catch_up": "skip"}}
+    first = replicas("r1", schedule=schedule)
+    tick(first, sec(0))
+    tick(first, sec(1))
+    first.close()
+    second = replicas("r2", schedule=schedule)
+    last_scheduled = second._store.last_scheduled
+    failures: list[bool] = []
+
+    def fails_once(*args: Any, **kwargs: Any) -> Any:
+        if not failures:
+            failures.append(True)
+            raise StoreError("the catch-up's read fails")
+        return last_scheduled(*args, **kwargs)
+
+    monkeypatch.setattr(second._store, "last_scheduled", fails_once)
+    tick(second, sec(20.5))
+    tick(second, sec(29.5))
+    tick(second, sec(30.5))
+    tick(second, sec(31.5))
+    fates = {k: (r.status, r.reason) for k, r in rows(store_url).items()}
+    assert failures
+    missing = [n for n in range(2, 31) if f"s@2026-01-01T10:00:{n:02}" not in fates]
+    assert not missing, fates
+    # What fell before the first attempt, less a lease, is the downtime's; after it, not.
+    assert fates["s@2026-01-01T10:00:05"] == ("missed", "catch_up")
+    assert fates["s@2026-01-01T10:00:25"][0] == "published"
+
+
 def test_catch_up_logs_one_line_per_schedule(
     replicas: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

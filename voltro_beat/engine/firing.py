@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
 
@@ -147,6 +148,10 @@ class Engine:
         self._next_retention = _LONG_AGO
         self._next_heartbeat = _LONG_AGO
         self._next_measure = _LONG_AGO
+        #: Catch-ups owed (:meth:`_owe`), kept until recorded.
+        self._owed: collections.deque[_Owed] = collections.deque()
+        #: When this replica first joined the registry (a boot retried joins again).
+        self._started: datetime | None = None
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -182,9 +187,10 @@ class Engine:
             changed, gained = self.gate.beat()
             if changed:
                 self.timeline.requeue()
-            self._catch_up(gained, taken_over=True)
+            self._owe(gained, clock.now(), taken_over=True)
             self.health.touch()
             self._next_heartbeat = clock.now() + self.membership.interval
+        self._catch_up()
         self._fire_due(clock.now())
         self.ready.publish()
         if self.guard.queues:
@@ -226,12 +232,18 @@ class Engine:
         taken = self.gate.join()
         self._next_heartbeat = self.clock.now() + self.membership.interval
         # A schedule with no history starts from now: nothing historical fires on a first boot.
-        self._catch_up(self.entries if taken is None else taken, taken_over=False)
-        now = self.clock.now()
+        # A boot retried after a store error owes that catch-up already, holds the shards it
+        # took, and starts its timeline where the catch-up ends.
+        if self._started is None:
+            self._started = self.clock.now()
+            self._owe(self.entries if taken is None else taken, self._started, taken_over=False)
+        elif taken:
+            self._owe(taken, self.clock.now(), taken_over=False)
+        self._catch_up()
         for entry in self.entries.values():
             if entry.trigger != "beat":
                 continue
-            first = next_after(entry.spec, now)
+            first = next_after(entry.spec, self._started)
             if first is not None:
                 self.timeline.push(Pending(entry, [first]))
         self.booted = True
@@ -257,21 +269,31 @@ class Engine:
         for o in self.recorder.record(runs, now, self.gate.tenure):
             self.ready.push(o)
 
-    def _catch_up(self, names: Iterable[str], *, taken_over: bool) -> None:
-        """Record what the catch-up policies say of schedules ``names``, at boot or as their
-        shard is ``taken_over`` by this replica. Then a schedule that has no run yet (its
-        owner stalled before the first) starts when the longest-running live replica that
-        runs it (this one too) started: what fell since, fell while a replica was live; and
-        what fell before a shard's previous owner released it was that live replica's. An
-        external entry is fired by `voltro-beat trigger` alone: no catch-up (its untriggered
-        occurrences stay gaps in the ledger)."""
+    def _owe(self, names: Iterable[str], now: datetime, *, taken_over: bool) -> None:
+        """Owe a catch-up of schedules ``names``, at boot or as their shard is ``taken_over``
+        by this replica, as things stand ``now``: the catch-up policies apply to what fell
+        until then, and a schedule that has no run yet (its owner stalled before the first) starts
+        when the longest-running live replica that runs it (this one too) started: what fell
+        since, fell while a replica was live; what fell before a shard's previous owner
+        released it was that live replica's. An external entry is fired by `voltro-beat
+        trigger` alone: no catch-up (its untriggered occurrences stay gaps in the ledger)."""
         entries = [self.entries[n] for n in names if self.entries[n].trigger == "beat"]
         if entries:
-            now = self.clock.now()
             live = self.membership.live_since
             since = live if taken_over else None
-            runs = self.recorder.catch_up(entries, now, live, since, self.gate.released)
-            self._record(runs, now)
+            self._owed.append(_Owed(entries, now, live, since, self.gate.released))
+
+    def _catch_up(self) -> None:
+        """Record the catch-ups owed, oldest first. One that meets a store error stays owed
+        and is tried again next step, as it stood when owed (the shard is no longer "just
+        taken" by then)."""
+        while self._owed:
+            c = self._owed[0]
+            self._record(
+                self.recorder.catch_up(c.entries, c.now, c.live, c.since, c.released),
+                self.clock.now(),
+            )
+            self._owed.popleft()
 
     # -- timing ---------------------------------------------------------------------------
 
@@ -333,3 +355,15 @@ class Engine:
         finally:
             self.dispatch.close()
         return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Owed:
+    """A catch-up owed: of ``entries``, as of ``now``, with what the registry and the shards
+    said then (:meth:`Engine._owe`)."""
+
+    entries: list[Entry]
+    now: datetime
+    live: Mapping[str, datetime]
+    since: Mapping[str, datetime] | None
+    released: Mapping[str, datetime]
