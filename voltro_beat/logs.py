@@ -1,6 +1,6 @@
 """Structured log fields, and JSON log lines (``voltro_beat_log_json``) for a log pipeline.
 
-A log call that names an occurrence, a schedule, a replica or a count passes them as
+A log call that names an occurrence, a schedule, a replica, a group or a count passes them as
 ``extra=fields(...)``: attributes of the record named ``voltro_<field>`` (prefixed, so they
 never collide with :class:`logging.LogRecord`'s own attributes or Celery's), which any
 formatter can read. :class:`JsonFormatter` writes one object per line: the time, level,
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 #: The fields a record may carry, each as the attribute ``voltro_<field>``.
-FIELDS = ("key", "keys", "schedule", "replica", "count", "status", "reason")
+FIELDS = ("key", "keys", "schedule", "replica", "count", "status", "reason", "group")
 PREFIX = "voltro_"
 
 
@@ -29,12 +29,13 @@ def fields(
     count: int | None = None,
     status: str | None = None,
     reason: str | None = None,
+    group: str | None = None,
 ) -> dict[str, object]:
     """The ``extra=`` of a log call: the fields given (an occurrence's ``key``, the few
     ``keys`` a line lists, ``schedule``, ``replica``, ``count``, a run's ``status`` and
-    ``reason``), each as ``voltro_<field>``; the ones left None are not set."""
+    ``reason``, a replica ``group``), each as ``voltro_<field>``; the ones left None are not set."""
     listed = None if keys is None else list(keys)
-    values = (key, listed, schedule, replica, count, status, reason)
+    values = (key, listed, schedule, replica, count, status, reason, group)
     return {PREFIX + name: v for name, v in zip(FIELDS, values, strict=True) if v is not None}
 
 

@@ -166,6 +166,11 @@ class Metrics:
                 if n:
                     self._on.shard_handoffs.labels(group, change).inc(n)
 
+    def group_unserved(self, group: str, unserved: bool) -> None:
+        """At a heartbeat: whether another group, ``group``, has no live replica."""
+        if self._on is not None:
+            self._on.group_unserved.labels(group).set(int(unserved))
+
     def _count_missed(self, missed: Mapping[tuple[str, str], int]) -> None:
         assert self._on is not None
         for (name, reason), n in missed.items():
@@ -229,6 +234,12 @@ class _Instruments:
         self.shards_unowned = Gauge(
             "voltro_beat_shards_unowned",
             "Shards of the group no replica owns, as this replica saw at its last heartbeat.",
+            ["group"],
+            registry=registry,
+        )
+        self.group_unserved = Gauge(
+            "voltro_beat_group_unserved",
+            "1 while a group of schedules (another than this replica's) has no live replica.",
             ["group"],
             registry=registry,
         )

@@ -62,6 +62,9 @@ class Reason(StrEnum):
     OVERLAP = "overlap"
     #: A live run that stopped blocking its schedule after the overlap timeout.
     OVERLAP_TIMEOUT = "overlap_timeout"
+    #: Of a schedule whose group had no live replica, past its ``max_lateness`` (recorded by
+    #: a replica of another group).
+    NO_REPLICA = "no_replica"
     #: Published by ``voltro-beat backfill`` (an occurrence of a past window with no run row).
     BACKFILL = "backfill"
     #: Published by ``voltro-beat run`` (an operator asked for it now).

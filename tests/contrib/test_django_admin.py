@@ -192,6 +192,8 @@ def test_schedules_overview(viewer: httpx.Client, seeded: Seeded, site: DjangoSi
         assert len(upcoming) == 3 and upcoming == sorted(upcoming), name
         assert before - timedelta(seconds=1) < upcoming[0] < before + timedelta(seconds=5), name
     assert lines["boom-2s"].rate == "0%"
+    # The live replica serves the default group, the app's only one: no warning.
+    assert "vb-unserved" not in page.text
 
 
 def test_nobody_adds_changes_or_deletes(site: DjangoSite, seeded: Seeded) -> None:

@@ -146,6 +146,8 @@ def test_schedules_overview(operator: httpx.Client, seeded: Seeded) -> None:
         upcoming = [t.replace(tzinfo=UTC) for t in line.upcoming]
         assert len(upcoming) == 3 and upcoming == sorted(upcoming), name
         assert before - timedelta(seconds=1) < upcoming[0] < before + timedelta(seconds=5), name
+    # The live replica serves the default group, the app's only one: no warning.
+    assert "vb-unserved" not in page.text
 
 
 def test_writes_are_refused(operator: httpx.Client, seeded: Seeded) -> None:

@@ -132,3 +132,54 @@ def test_a_takeover_catch_up_that_meets_a_store_error_is_retried_not_lost(
         n: getattr(found.get(f"s@2026-01-01T10:00:{n:02}"), "status", None) for n in range(3, 18)
     }
     assert None not in fates.values(), fates
+
+
+TWO_GROUPS = {
+    "mine": {"task": "proj.work", "schedule": 5.0},
+    "theirs": {"task": "proj.work", "schedule": 5.0, "group": "billing", "max_lateness": 10},
+}
+
+
+@pytest.mark.parametrize("coordination", ["advisory_lock", "cluster"])
+def test_a_group_with_no_live_replica_gets_missed_rows_after_its_lateness(
+    replicas: Any, store_url: str, coordination: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Group ``billing`` has a schedule and no replica: a replica of the default group says so
+    once, loudly, and records its occurrences ``missed`` (no_replica) once they are past their
+    lateness and a lease (10 s here); none of the newer ones. Once a billing replica is
+    live, that stops, and the billing replica's own catch-up finds nothing taken from it."""
+    conf = {"voltro_beat_coordination": coordination, "voltro_beat_publish_timeout": 10}
+    mine = replicas("a", schedule=TWO_GROUPS, **conf)
+    t = 0.0
+    while t < 40.0:
+        tick(mine, sec(t))
+        t += 0.5
+    errors = [r.getMessage() for r in caplog.records if "NO LIVE REPLICA" in r.getMessage()]
+    assert len(errors) == 1, errors
+    found = rows(store_url)
+    theirs = {k: (r.status, r.reason) for k, r in found.items() if k.startswith("theirs@")}
+    # At 39.5 s: instants up to 39.5 - 10 - 10 = 19.5 s, from when replica a first saw the
+    # group unserved (its boot, 0 s: the schedule has no history).
+    assert theirs == {
+        f"theirs@2026-01-01T10:00:{n:02}": ("missed", "no_replica") for n in (5, 10, 15)
+    }
+    assert all(r.replica == "a" for k, r in found.items() if k.startswith("theirs@"))
+    billing = replicas("b", schedule=TWO_GROUPS, voltro_beat_group="billing", **conf)
+    while t < 60.0:
+        tick(mine, sec(t))
+        tick(billing, sec(t + 0.1))
+        t += 0.5
+    found = rows(store_url)
+    theirs = {
+        k: (r.status, r.reason, r.replica) for k, r in found.items() if k.startswith("theirs@")
+    }
+    # b joined at 40.1 s: its catch-up looks back from there (lateness 10 s): a records up to
+    # 40.1 - 10 + 1 (the join margin), b the rest, each once.
+    assert {k: v for k, v in theirs.items() if v[2] == "a"} == {
+        f"theirs@2026-01-01T10:00:{n:02}": ("missed", "no_replica", "a")
+        for n in (5, 10, 15, 20, 25, 30)
+    }
+    later = {k: v[:2] for k, v in theirs.items() if v[2] == "b"}
+    assert later["theirs@2026-01-01T10:00:35"] == ("published", None)
+    assert sorted(later) == [f"theirs@2026-01-01T10:00:{n:02}" for n in range(35, 60, 5)]
+    assert later["theirs@2026-01-01T10:00:55"][0] in {"claimed", "published"}

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> Summary:
         end = started + args.budget
         with _pool(args.jobs) as pool:
             while time.monotonic() < end:
-                batch = [_fresh(rng, args.no_cluster) for _ in range(args.jobs)]
+                batch = [rng.randrange(1, 2**31) for _ in range(args.jobs)]
                 for result in pool.map(_one, batch):
                     _tally(summary, result, args)
     else:
@@ -112,14 +112,6 @@ def run(args: argparse.Namespace) -> Summary:
                     break
     summary.wall = time.monotonic() - started
     return summary
-
-
-def _fresh(rng: random.Random, no_cluster: bool) -> int:
-    """A fresh seed; with ``no_cluster``, not one that runs in cluster coordination."""
-    while True:
-        seed = rng.randrange(1, 2**31)
-        if not (no_cluster and seed % 10 in (1, 7)):
-            return seed
 
 
 def _pool(jobs: int) -> Any:
@@ -166,11 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--trace", action="store_true", help="with --seed: the whole trace")
     parser.add_argument("--progress", type=int, default=0, help="a line every N seeds")
-    parser.add_argument(
-        "--no-cluster",
-        action="store_true",
-        help="with --budget: no seed that runs in cluster coordination (ending in 1 or 7)",
-    )
     parser.add_argument("--log", action="store_true", help="show voltro_beat's own log")
     parser.add_argument(
         "--until-failure", action="store_true", help="stop at the first failing seed"

@@ -69,10 +69,6 @@ def test_fresh_seeds_for_the_budget() -> None:
         trace=False,
         progress=0,
         until_failure=False,
-        # Cluster seeds still find catch-ups judged as downtime while a replica was live (about
-        # 1 in 70 of seeds 3750-7500: 3887, 4381); they run in the long mode until that is
-        # settled, and their regression seeds run above.
-        no_cluster=True,
     )
     summary = run(args)
     print(f"simulated {summary.seeds} fresh seeds, {summary.steps:,} steps")

@@ -25,7 +25,14 @@ def test_fields_prefix_the_names_given_and_leave_out_the_rest() -> None:
         "voltro_count": 0,
     }
     given = fields(
-        key="k", keys=("a", "b"), schedule="s", replica="r", count=2, status="missed", reason="x"
+        key="k",
+        keys=("a", "b"),
+        schedule="s",
+        replica="r",
+        count=2,
+        status="missed",
+        reason="x",
+        group="g",
     )
     assert list(given) == [f"voltro_{name}" for name in FIELDS]
     assert given["voltro_keys"] == ["a", "b"]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import importlib
 import statistics
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -20,6 +21,8 @@ from voltro_beat.config import Settings
 from voltro_beat.contrib.display import colour, lag, seconds_text
 from voltro_beat.exceptions import VoltroBeatError
 from voltro_beat.occurrences import next_after
+from voltro_beat.replicas import Replica
+from voltro_beat.schedules import DEFAULT_GROUP
 from voltro_beat.tally import Tally, tally
 
 #: How many of each schedule's newest runs a line shows.
@@ -117,6 +120,18 @@ class Upcoming:
 
     by_schedule: Mapping[str, tuple[datetime, ...]]
     problem: str | None = None
+    #: Group -> how many of the app's schedules it has.
+    groups: Mapping[str, int] = field(default_factory=dict)
+
+    def unserved(self, live: Iterable[Replica]) -> list[str]:
+        """A warning for each group of the app's schedules no replica in ``live`` serves."""
+        served = {str(r.settings.get("group", DEFAULT_GROUP)) for r in live}
+        return [
+            f"group {group}: {count} schedules and NO LIVE REPLICA: nothing fires them (their "
+            "occurrences are recorded missed, reason no_replica, past their lateness)"
+            for group, count in sorted(self.groups.items())
+            if group not in served
+        ]
 
 
 def upcoming(app_path: str | None, *, now: datetime, count: int = UPCOMING) -> Upcoming:
@@ -134,7 +149,9 @@ def upcoming(app_path: str | None, *, now: datetime, count: int = UPCOMING) -> U
     except (ImportError, AttributeError, ValueError, VoltroBeatError) as exc:
         return Upcoming({}, problem=f"cannot read the schedule of {app_path!r}: {exc}")
     found: dict[str, tuple[datetime, ...]] = {}
+    groups: Counter[str] = Counter()
     for entry in entries:
+        groups[entry.group] += 1
         instants: list[datetime] = []
         instant: datetime | None = now
         while len(instants) < count and instant is not None:
@@ -142,7 +159,7 @@ def upcoming(app_path: str | None, *, now: datetime, count: int = UPCOMING) -> U
             if instant is not None:
                 instants.append(instant)
         found[entry.name] = tuple(instants)
-    return Upcoming(found)
+    return Upcoming(found, groups=groups)
 
 
 def _load(app_path: str) -> Any:

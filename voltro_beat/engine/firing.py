@@ -38,6 +38,7 @@ from voltro_beat.engine.ready import NEVER, Ready
 from voltro_beat.engine.recorder import Recorder, graces
 from voltro_beat.engine.singletons import Singletons
 from voltro_beat.engine.timeline import Pending, Timeline
+from voltro_beat.engine.unserved import Unserved
 from voltro_beat.engine.upkeep import Health, Sweeper
 from voltro_beat.exceptions import StoreError
 from voltro_beat.membership import Membership
@@ -94,6 +95,7 @@ class Engine:
         """Raises :class:`~voltro_beat.exceptions.ConfigurationError` for settings or entries
         the retention policies contradict (:func:`voltro_beat.engine.upkeep.policies`).
         Of ``entries``, it fires those of its group (``settings.group``)."""
+        others = [e for e in entries.values() if e.group != settings.group]
         entries = {n: e for n, e in entries.items() if e.group == settings.group}
         self.settings = settings
         self.entries = entries
@@ -133,6 +135,7 @@ class Engine:
             overlap_timeouts.keys(),
             self.gate.deferred,
         )
+        self.unserved = Unserved(store, others, self.lease, self.metrics)
         self.sweeper = Sweeper(store, membership, upkeep.policies(settings, entries.values()))
         self.health = Health(settings.health_file, self.metrics, store, clock)
         self.booted = False
@@ -188,6 +191,7 @@ class Engine:
             if changed:
                 self.timeline.requeue()
             self._owe(gained, clock.now(), taken_over=True)
+            self._record_unserved(clock.now())
             self.health.touch()
             self._next_heartbeat = clock.now() + self.membership.interval
         self._catch_up()
@@ -264,6 +268,14 @@ class Engine:
             for p in due:
                 if p.instants:
                     self.timeline.push(p)
+
+    def _record_unserved(self, now: datetime) -> None:
+        """Record ``missed`` what the groups no live replica serves let pass
+        (:mod:`voltro_beat.engine.unserved`)."""
+        runs = self.unserved.runs(self.membership.live, now)
+        if runs:
+            won = self.store.claim(runs, coordination=self.settings.coordination, lease=self.lease)
+            self.metrics.missed([r for r in runs if r.occurrence.key in won])
 
     def _record(self, runs: list[Run], now: datetime) -> None:
         for o in self.recorder.record(runs, now, self.gate.tenure):

@@ -440,12 +440,19 @@ class ScheduleAdmin(ReadOnlyAdmin):
             "lines": overview.lines(page.names, _recent, upcoming.by_schedule),
             "page": page,
             "problem": upcoming.problem,
+            "unserved": upcoming.unserved(_live()),
             "legend": LEGEND,
             "recent": overview.RECENT,
             "runs_url": reverse("admin:voltro_beat_run_changelist"),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/voltro_beat/overview.html", context)
+
+
+def _live() -> list[Summary]:
+    """The live replicas, judged on the database's clock."""
+    replicas = Replica.objects.annotate(database_now=Now())
+    return [s for r in replicas if lives(s := Summary.of(r), r.database_now)]
 
 
 def _recent(schedule: str) -> list[overview.Recent]:

@@ -25,6 +25,7 @@ from sqladmin.formatters import BASE_FORMATTERS
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from voltro_beat import replicas as registry
 from voltro_beat.contrib import overview
 from voltro_beat.contrib.display import (
     COUNT_CAP,
@@ -362,11 +363,12 @@ class SchedulesView(BaseView):
     async def schedules(self, request: Request) -> Response:
         upcoming = overview.upcoming(self.celery_app, now=datetime.now(UTC))
         requested = request.query_params.get("page")
-        page, lines = await self._run(lambda session: _lines(session, upcoming, requested))
+        page, lines, live = await self._run(lambda session: _lines(session, upcoming, requested))
         context = {
             "lines": lines,
             "page": page,
             "problem": upcoming.problem,
+            "unserved": upcoming.unserved(live),
             "legend": LEGEND,
             "recent": overview.RECENT,
         }
@@ -386,11 +388,14 @@ class SchedulesView(BaseView):
 
 def _lines(
     session: Any, upcoming: overview.Upcoming, requested: str | None
-) -> tuple[overview.Page, list[overview.Line]]:
+) -> tuple[overview.Page, list[overview.Line], list[registry.Replica]]:
+    """The page, its lines, and the live replicas."""
     names = session.execute(sa.text(SCHEDULE_NAMES_SQL)).scalars().all()
     page = overview.page(sorted({*names, *upcoming.by_schedule}), requested)
     recent_of = partial(_recent, session)
-    return page, overview.lines(page.names, recent_of, upcoming.by_schedule)
+    replicas = session.execute(sa.select(Replica)).scalars().all()
+    live = [registry.Replica.of(r) for r in replicas if r.live]
+    return page, overview.lines(page.names, recent_of, upcoming.by_schedule), live
 
 
 def _recent(session: Any, schedule: str) -> list[overview.Recent]:
