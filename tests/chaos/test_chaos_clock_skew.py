@@ -3,7 +3,9 @@
 With ``voltro_beat_clock = "database"`` every decision that compares instants uses the
 store's clock, so the skew must change nothing: no duplicate, no execution before its instant,
 no occurrence recorded ``missed`` before its instant plus ``max_lateness``. The same run with
-``"local"`` shows what local clocks do; it is reported in the summary, not asserted.
+``"local"`` shows what local clocks do; it is reported in the summary, not asserted. The
+database-clock run is repeated in ``cluster`` coordination, where the restart also hands the
+fast replica's shards over and back.
 
 Halfway through the window the fast replica is restarted, so that its boot catch-up runs on
 its own clock while the others keep going.
@@ -48,15 +50,20 @@ WINDOW = timedelta(seconds=20)
 RESTART_AT = timedelta(seconds=8, milliseconds=500)
 
 
-@pytest.mark.parametrize("clock", ["database", "local"])
-def test_clock_skew(chaos: ChaosDeployments, chaos_results: Results, clock: str) -> None:
+@pytest.mark.parametrize(
+    ("clock", "coordination"),
+    [("database", "advisory_lock"), ("local", "advisory_lock"), ("database", "cluster")],
+)
+def test_clock_skew(
+    chaos: ChaosDeployments, chaos_results: Results, clock: str, coordination: str
+) -> None:
     require_file(LIBFAKETIME, "faketime")
     redis = start_private_redis(chaos)
     dep = chaos(broker=redis.url)
     dep.wrap = {name: faketime_env(offset) for name, offset in SKEWS.items()}
     offsets = {name: measured_offset(env) for name, env in dep.wrap.items()}
     assert abs(offsets["fast"] - 5) < 1 and abs(offsets["slow"] + 5) < 1, offsets
-    boot(dep, SCHEDULES, REPLICAS, voltro_beat_clock=clock)
+    boot(dep, SCHEDULES, REPLICAS, voltro_beat_clock=clock, voltro_beat_coordination=coordination)
 
     with watching_missed(dep) as watcher:
         start = window_start()
@@ -67,7 +74,8 @@ def test_clock_skew(chaos: ChaosDeployments, chaos_results: Results, clock: str)
     dead = [n for n, p in dep.beats.items() if p.popen.returncode not in (0, None, -15)]
 
     row = tally(
-        f"1. clock skew +5 s / -5 s, clock={clock}",
+        f"1. clock skew +5 s / -5 s, clock={clock}"
+        + (", cluster coordination" if coordination == "cluster" else ""),
         outcome,
         max_lateness=MAX_LATENESS,
         missed_seen=watcher.first_seen,
@@ -95,4 +103,4 @@ def test_clock_skew(chaos: ChaosDeployments, chaos_results: Results, clock: str)
         chaos_results.add(row, asserted=False)
         return
     chaos_results.add(row)
-    check(row.problems, f"clock={clock}")
+    check(row.problems, f"clock={clock}, {coordination}")

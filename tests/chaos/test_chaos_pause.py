@@ -4,7 +4,10 @@ the takeover time (``voltro_beat_publish_timeout``), then SIGCONT: no duplicate,
 300 schedules are due at one instant (every 15 s) beside an every-second one. The holder is
 found from the run rows ``claimed`` ahead for that instant (column ``replica``); it is stopped
 30 ms before the instant, while the others' recovery sweeps take its rows over, and resumed
-past its lease.
+past its lease. Again in ``cluster`` coordination: the burst is spread over the three shard
+owners; the one holding most of it is stopped past its shards' lease (the others take its
+shards, and their recovery sweeps its claimed runs), and its claims after SIGCONT are refused
+by the epoch check.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import signal
 from datetime import timedelta
 
+import pytest
 from chaos_harness import (
     PUBLISH_TIMEOUT,
     ChaosDeployments,
@@ -42,12 +46,13 @@ EVERY = timedelta(seconds=15)
 PAUSE = PUBLISH_TIMEOUT + timedelta(seconds=3)
 
 
+@pytest.mark.parametrize("coordination", ["advisory_lock", "cluster"])
 def test_pause_of_the_burst_holder_past_the_takeover(
-    chaos: ChaosDeployments, chaos_results: Results
+    chaos: ChaosDeployments, chaos_results: Results, coordination: str
 ) -> None:
     redis = start_private_redis(chaos)
     dep = chaos(broker=redis.url)
-    boot(dep, SCHEDULES, REPLICAS)
+    boot(dep, SCHEDULES, REPLICAS, voltro_beat_coordination=coordination)
 
     start = window_start()
     instant = next_boundary(now() + timedelta(seconds=2.5), EVERY, timedelta(0))
@@ -64,7 +69,8 @@ def test_pause_of_the_burst_holder_past_the_takeover(
     outcome = finish(dep, SCHEDULES, start, end)
 
     row = tally(
-        "2. SIGSTOP of the burst holder past the takeover",
+        "2. SIGSTOP of the burst holder past the takeover"
+        + (", cluster coordination" if coordination == "cluster" else ""),
         outcome,
         accepted=redis_accepted(chaos.workdir),
     )
