@@ -23,6 +23,9 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("boot s", "boot_s"),
         ("ready s", "ready_s"),
         ("db xacts", "db_xacts"),
+        ("burst db xacts", "burst_db_xacts"),
+        ("burst db rows", "burst_db_rows"),
+        ("burst db ms", "burst_db_ms"),
     ],
     "steady": [
         ("expected", "expected"),

@@ -66,16 +66,19 @@ def clean(svc: Services) -> None:
         conn.execute(f"DROP TABLE IF EXISTS {', '.join(VOLTRO_TABLES)} CASCADE")
 
 
-def pg_transactions(svc: Services) -> int | None:
-    """Committed + rolled back transactions so far in the bench database (a round-trip proxy)."""
+def pg_transactions(svc: Services) -> tuple[int, int, float] | None:
+    """Committed + rolled back transactions so far in the bench database (a round-trip
+    proxy), rows written (inserted, updated or deleted), and milliseconds its backends spent
+    executing statements (``active_time``)."""
     if svc.sqlite_path is not None:
         return None
     with psycopg.connect(svc.pg_url, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+            "SELECT xact_commit + xact_rollback, tup_inserted + tup_updated + tup_deleted,"
+            " active_time FROM pg_stat_database WHERE datname = %s",
             (svc.pg_db,),
         ).fetchone()
-    return int(row[0]) if row else None
+    return (int(row[0]), int(row[1]), float(row[2])) if row else None
 
 
 def voltro_scheduler() -> tuple[str | None, str]:

@@ -143,7 +143,7 @@ def run_case(case: Case, cfg: Settings) -> dict[str, Any]:
     if xacts0 is not None:
         time.sleep(1.0)  # backends flush their statistics when they exit
         xacts1 = pg_transactions(svc)
-        result["db_xacts"] = None if xacts1 is None else xacts1 - xacts0 - 1
+        result["db_xacts"] = None if xacts1 is None else xacts1[0] - xacts0[0] - 1
     clean(svc)
     return result
 
@@ -170,16 +170,30 @@ def _burst(
     early = _drop_queue(cfg.svc)
     out = work / "arrivals.json"
     obs = observer.start(procs, cfg.svc.broker_url, cfg.svc.queue, boundary + cfg.burst_window, out)
+    # The store's work for the burst: from before its claims ahead (a few seconds at 10,000
+    # schedules) to a few seconds after it (statistics reach pg_stat_database within 1 s).
+    _sleep_until(boundary - BURST_STORE_SPAN)
+    store0 = pg_transactions(cfg.svc) if case.contender.startswith("voltro") else None
     _sleep_until(boundary - 0.5)
     cpu0 = procs.cpu_total()
+    _sleep_until(boundary + BURST_STORE_SPAN)
+    store1 = None if store0 is None else pg_transactions(cfg.svc)
     obs.wait(cfg.burst_window + 60)
     cpu1 = procs.cpu_total()
     observer.finish(obs, out)
     result = burst_figures(observer.load(out), boundary, case.size, cfg.burst_window)
+    if store0 is not None and store1 is not None:
+        result["burst_db_xacts"] = store1[0] - store0[0] - 1
+        result["burst_db_rows"] = store1[1] - store0[1]
+        result["burst_db_ms"] = round(store1[2] - store0[2])
     result["early_messages"] += early
     result["boundaries_during_boot"] = crossed
     result["cpu_per_1k"] = _cpu_per_1k(cpu1 - cpu0, result["messages"])
     return result
+
+
+#: Seconds either side of a burst's boundary over which the store's work is counted.
+BURST_STORE_SPAN = 5.0
 
 
 def _drop_queue(svc: Services) -> int:

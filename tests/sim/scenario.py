@@ -198,7 +198,9 @@ def _run(world: World, observer: Observer, path: str) -> Result:
             faults["store outages"] += 1
         return f
 
-    def boot(slot: int, definition: dict[str, dict[str, Any]] | None = None) -> SimReplica:
+    def boot(
+        slot: int, definition: dict[str, dict[str, Any]] | None = None, *, hangs: bool = False
+    ) -> SimReplica:
         incarnation[slot] += 1
         name = f"r{slot}.{incarnation[slot]}"
         offset = rng.choice([0.0, 0.0, rng.uniform(-5.0, 5.0)])
@@ -206,6 +208,7 @@ def _run(world: World, observer: Observer, path: str) -> Result:
         if offset or drift:
             faults["skewed clocks"] += 1
         f = store_faults()
+        f.claims_fail = hangs
         replica = SimReplica(
             world,
             store,
@@ -284,7 +287,9 @@ def _run(world: World, observer: Observer, path: str) -> Result:
     def deploy() -> None:
         """A rolling deploy that changes one schedule's definition: new replicas boot, the
         old ones stop (SIGTERM), one at a time. In some, the new version crashes: its first
-        replica dies a moment after it booted, while the old ones yield the schedule to it."""
+        replica dies a moment after it booted, while the old ones yield the schedule to it;
+        in half of those (decided apart from the world's generator, so that every other seed
+        replays as before) it hangs first: it heartbeats, and every claim of it fails."""
         name = rng.choice(sorted(schedules))
         changed.add(name)
         definition = {**schedules, name: {**schedules[name], "args": [len(changed)]}}
@@ -293,9 +298,12 @@ def _run(world: World, observer: Observer, path: str) -> Result:
             faults["crashing deploy"] += 1
             slot = int(old[0].name[1:].split(".")[0])
             crash = rng.uniform(0.5, 3.0)
+            hangs = random.Random(f"hangs:{world.seed}:{len(changed)}").random() < 0.5
+            if hangs:
+                faults["hanging deploy"] += 1
 
             def doomed() -> None:
-                replica = boot(slot + 10, definition)
+                replica = boot(slot + 10, definition, hangs=hangs)
                 _at(world, world.t + crash, replica.process.kill)
 
             _at(world, world.t, doomed)

@@ -40,6 +40,9 @@ class StoreFaults:
     lost_commit_chance: float = 0.0
     #: (start, end) virtual seconds during which every statement fails.
     outages: list[tuple[float, float]] = field(default_factory=list)
+    #: Every statement that records an occurrence (an insert of a claim or a run row) fails,
+    #: whatever the spell: a version whose claims are broken, that heartbeats all the same.
+    claims_fail: bool = False
 
     def out(self, t: float) -> bool:
         return any(a <= t < b for a, b in self.outages)
@@ -148,6 +151,10 @@ class SimStore:
         verb = sql.lstrip()[:6].upper()
         if verb.startswith("BEGIN"):
             self._acquire(conn)
+        if faults.claims_fail and verb == "INSERT" and "_voltro_schedule_" in sql:
+            self._record(process, ok=False)
+            world.log(process.name, "fault", "claim failed (its version's claims are broken)")
+            raise sqlite3.OperationalError("simulated: the claim statement failed")
         if world.faulty and (faults.out(world.t) or world.rng.random() < faults.fail_chance):
             self._record(process, ok=False)
             world.log(process.name, "fault", f"statement failed: {sql.split()[0]}")

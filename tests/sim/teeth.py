@@ -90,10 +90,10 @@ MUTANTS: list[tuple[str, str, list[tuple[str, str, str]]]] = [
         "occurrences yielded to a newest replica that died are recorded missed (yielded)",
         [
             (
-                "voltro_beat/engine/firing.py",
-                "                    for p in due\n                    for at in p.instants\n",
-                "                    for p in due\n                    for at in p.instants\n"
-                "                    if p.entry.name not in yielded\n",
+                "voltro_beat/engine/gate.py",
+                "            for at in p.instants\n        ]\n",
+                "            for at in p.instants\n            if p.entry.name not in yielded\n"
+                "        ]\n",
             )
         ],
     ),
@@ -120,7 +120,10 @@ MUTANTS: list[tuple[str, str, list[tuple[str, str, str]]]] = [
             ),
             (
                 "voltro_beat/catchup.py",
-                "    down = [at for at in instants if live_since is None or at < live_since]\n",
+                "    down = [\n        at\n        for at in instants\n"
+                "        if (live_since is None or at < live_since)"
+                " and (live_until is None or at > live_until)\n"
+                "    ]\n",
                 "    down = instants\n",
             ),
         ],

@@ -74,3 +74,13 @@ def test_fresh_seeds_for_the_budget() -> None:
     print(f"simulated {summary.seeds} fresh seeds, {summary.steps:,} steps")
     assert summary.seeds > 0
     assert not summary.failed, "\n\n".join(report(result) for result in summary.failed)
+
+
+def test_every_teeth_mutant_still_applies() -> None:
+    """``python -m tests.sim.teeth`` reverts each fix textually: each revert must still find
+    the text it replaces in today's code."""
+    from tests.sim.teeth import MUTANTS, ROOT
+
+    for finding, _, changes in MUTANTS:
+        for path, before, _ in changes:
+            assert before in (ROOT / path).read_text(), f"finding {finding}: {path}"
