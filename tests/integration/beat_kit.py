@@ -10,9 +10,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from celery import Celery
 
+from voltro_beat.exceptions import StoreError
 from voltro_beat.scheduler import VoltroScheduler
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
@@ -27,6 +29,22 @@ def tick(scheduler: VoltroScheduler, at: datetime) -> float:
     """One tick of ``scheduler`` at ``at``: its clock, and its SQLite store's, read ``at``."""
     scheduler._store.database.clock = lambda: at
     return scheduler.tick()
+
+
+def fail_once(monkeypatch: pytest.MonkeyPatch, target: Any, method: str) -> list[bool]:
+    """Make ``target.method``'s next call raise :class:`StoreError`, and only that one; the
+    list returned holds True once it did."""
+    real = getattr(target, method)
+    failed: list[bool] = []
+
+    def once(*args: Any, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append(True)
+            raise StoreError(f"{method} fails once")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, method, once)
+    return failed
 
 
 def recover(scheduler: VoltroScheduler, at: datetime) -> None:

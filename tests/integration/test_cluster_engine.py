@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from beat_kit import rows, sec, tick
+from beat_kit import fail_once, rows, sec, tick
 
 from voltro_beat.exceptions import StoreError
 from voltro_beat.shards import assign
@@ -104,25 +104,9 @@ def test_a_takeover_catch_up_that_meets_a_store_error_is_retried_not_lost(
     tick(b, sec(0.3))
     tick(a, sec(1.2))
     tick(b, sec(1.3))  # takes the shard, then stalls for good
-    last_scheduled = a._store.last_scheduled
-    failures = []
-
-    def fails_once(*args: Any, **kwargs: Any) -> Any:
-        if not failures:
-            failures.append(True)
-            raise StoreError("the catch-up's read fails")
-        return last_scheduled(*args, **kwargs)
-
+    # a's next read of the schedules' last runs is its catch-up of the shard it takes.
+    failures = fail_once(monkeypatch, a._store, "last_scheduled")
     t = 1.4
-    while t < 20.0:
-        tick(a, sec(t))
-        ownership = a._engine.gate.ownership
-        if ownership is not None and ownership.held and not failures:
-            break
-        if not failures:
-            monkeypatch.setattr(a._store, "last_scheduled", fails_once)
-        t += 0.1
-    t += 0.1
     while t < 20.0:
         tick(a, sec(t))
         t += 0.1

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from beat_kit import EVERY_SECOND, drain, recover, rows, sec, tick
+from beat_kit import EVERY_SECOND, drain, fail_once, recover, rows, sec, tick
 from celery import Celery
 
 from voltro_beat.engine import RETRY_DELAY
@@ -188,16 +188,7 @@ def test_a_boot_whose_catch_up_failed_leaves_no_gap(
     tick(first, sec(1))
     first.close()
     second = replicas("r2", schedule=schedule)
-    last_scheduled = second._store.last_scheduled
-    failures: list[bool] = []
-
-    def fails_once(*args: Any, **kwargs: Any) -> Any:
-        if not failures:
-            failures.append(True)
-            raise StoreError("the catch-up's read fails")
-        return last_scheduled(*args, **kwargs)
-
-    monkeypatch.setattr(second._store, "last_scheduled", fails_once)
+    failures = fail_once(monkeypatch, second._store, "last_scheduled")
     tick(second, sec(20.5))
     tick(second, sec(29.5))
     tick(second, sec(30.5))

@@ -289,7 +289,8 @@ def _run(world: World, observer: Observer, path: str) -> Result:
         old ones stop (SIGTERM), one at a time. In some, the new version crashes: its first
         replica dies a moment after it booted, while the old ones yield the schedule to it;
         in half of those (decided apart from the world's generator, so that every other seed
-        replays as before) it hangs first: it heartbeats, and every claim of it fails."""
+        replays as before) it hangs first, for 2-8 s more: it heartbeats, and every claim of
+        it fails."""
         name = rng.choice(sorted(schedules))
         changed.add(name)
         definition = {**schedules, name: {**schedules[name], "args": [len(changed)]}}
@@ -298,9 +299,11 @@ def _run(world: World, observer: Observer, path: str) -> Result:
             faults["crashing deploy"] += 1
             slot = int(old[0].name[1:].split(".")[0])
             crash = rng.uniform(0.5, 3.0)
-            hangs = random.Random(f"hangs:{world.seed}:{len(changed)}").random() < 0.5
+            apart = random.Random(f"hangs:{world.seed}:{len(changed)}")
+            hangs = apart.random() < 0.5
             if hangs:
                 faults["hanging deploy"] += 1
+                crash += apart.uniform(2.0, 8.0)
 
             def doomed() -> None:
                 replica = boot(slot + 10, definition, hangs=hangs)
