@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -122,24 +122,62 @@ def stand_down(
     return yielded
 
 
+#: At most this many renames are reported at once: a bulk of identically defined schedules
+#: renamed in one deploy would otherwise make a line for every pair of them.
+MAX_RENAMES = 20
+
+
 def renames(maps: Mapping[str, Mapping[str, str]]) -> list[tuple[str, str, str, str]]:
     """``(name, replica, other name, other replica)`` for each definition that two live
-    replicas run under different names, where neither replica has the other name."""
+    replicas run under different names, where neither replica has the other name; the first
+    :data:`MAX_RENAMES` of them.
+
+    Names of one definition found on the same set of replicas cannot be a rename of each
+    other, so only names on different sets are paired: the cost is linear in the schedules
+    however many share a definition (ten thousand generated ones often do).
+    """
     found: list[tuple[str, str, str, str]] = []
-    owners: dict[str, list[tuple[str, str]]] = {}
-    for replica, schedules in sorted(maps.items()):
+    # definition -> the set of replicas that run it under a name -> those names
+    groups: dict[str, dict[frozenset[str], list[str]]] = {}
+    holders: dict[tuple[str, str], set[str]] = {}
+    for replica, schedules in maps.items():
         for name, definition in schedules.items():
-            owners.setdefault(definition, []).append((name, replica))
-    for places in owners.values():
-        for i, (name, replica) in enumerate(places):
-            for other_name, other_replica in places[i + 1 :]:
-                if (
-                    other_name != name
-                    and other_name not in maps[replica]
-                    and name not in maps[other_replica]
-                ):
-                    found.append((name, replica, other_name, other_replica))
+            holders.setdefault((definition, name), set()).add(replica)
+    for (definition, name), replicas_ in holders.items():
+        groups.setdefault(definition, {}).setdefault(frozenset(replicas_), []).append(name)
+    for _, sets in sorted(groups.items()):
+        ordered = sorted(sets, key=sorted)
+        for i, first in enumerate(ordered):
+            for second in ordered[i + 1 :]:
+                for pair in _pairs(maps, sets[first], first - second, sets[second], second - first):
+                    found.append(pair)
+                    if len(found) == MAX_RENAMES:
+                        return found
     return found
+
+
+def _pairs(
+    maps: Mapping[str, Mapping[str, str]],
+    names: list[str],
+    on: frozenset[str],
+    other_names: list[str],
+    other_on: frozenset[str],
+) -> Iterator[tuple[str, str, str, str]]:
+    """The renames between ``names`` (on the replicas ``on``) and ``other_names`` (on
+    ``other_on``), each with its replicas in name order."""
+    for name in sorted(names):
+        for other_name in sorted(other_names):
+            if other_name == name:
+                continue
+            for replica in sorted(on):
+                for other in sorted(other_on):
+                    if other_name in maps[replica] or name in maps[other]:
+                        continue
+                    yield (
+                        (name, replica, other_name, other)
+                        if replica < other
+                        else (other_name, other, name, replica)
+                    )
 
 
 def disagreements(

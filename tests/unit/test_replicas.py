@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from voltro_beat.replicas import (
+    MAX_RENAMES,
     Replica,
     definition_hash,
     digest,
@@ -80,3 +84,53 @@ def test_a_replica_lives_while_its_heartbeat_is_younger_than_its_own_publish_tim
     assert lives(replica, seen + timedelta(seconds=30))
     assert not lives(replica, seen + timedelta(seconds=30.001))
     assert not lives(replace(replica, last_seen=None), seen)
+
+
+def test_names_of_one_definition_on_the_same_replicas_are_paired_in_linear_time() -> None:
+    """Ten thousand generated schedules of one definition on three replicas: no rename, found
+    without pairing them (before, 50 million pairs: four seconds a heartbeat at 10,000)."""
+    same = {f"s{i}": "h" for i in range(10_000)}
+    maps = {"a": same, "b": same, "c": dict(same)}
+    assert renames(maps) == []
+
+
+def test_a_bulk_rename_of_one_definition_reports_at_most_a_few() -> None:
+    old = {f"customer-{i}": "h" for i in range(1_000)}
+    new = {f"tenant-{i}": "h" for i in range(1_000)}
+    found = renames({"old": old, "new": new})
+    assert len(found) == MAX_RENAMES
+    assert all(r[1] == "new" and r[3] == "old" for r in found)
+
+
+def test_a_name_another_replica_runs_with_another_definition_is_no_rename() -> None:
+    # "report" on new has the old definition of "x"; old has "x" (h1) and "report" (h2).
+    maps = {"old": {"x": "h1", "report": "h2"}, "new": {"report": "h1"}}
+    assert renames(maps) == []
+
+
+def _every_pair(maps: dict[str, dict[str, str]]) -> set[tuple[str, str, str, str]]:
+    """The definition of a rename, pair by pair (quadratic): the reference."""
+    places = [(n, r, d) for r, s in maps.items() for n, d in s.items()]
+    return {
+        (n, r, m, q) if r < q else (m, q, n, r)
+        for n, r, d in places
+        for m, q, e in places
+        if d == e and n != m and r != q and m not in maps[r] and n not in maps[q]
+    }
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["a", "b", "c", "d"]),
+        st.dictionaries(st.sampled_from("pqrstu"), st.sampled_from(["h1", "h2"]), max_size=6),
+        max_size=4,
+    )
+)
+def test_renames_are_every_pair_the_definition_names(maps: dict[str, dict[str, str]]) -> None:
+    found = renames(maps)
+    assert len(found) == len(set(found))
+    expected = _every_pair(maps)
+    if len(expected) <= MAX_RENAMES:
+        assert set(found) == expected
+    else:
+        assert len(found) == MAX_RENAMES and set(found) <= expected

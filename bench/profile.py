@@ -1,0 +1,112 @@
+"""Where a replica's boot goes at S schedules: a profile and a memory snapshot of one replica
+built and ticked once in this process, on a fresh store.
+
+    .venv/bin/python -m bench.profile                      # 100,000 crontab(minute='*') schedules
+    .venv/bin/python -m bench.profile --size 10000 --store sqlite:////tmp/vb.sqlite3
+
+On PostgreSQL it uses the bench's database (``voltro_bench``), emptied before each step.
+
+Steps, each timed: ``app`` = building the app's ``beat_schedule`` (Celery's ``crontab``, the
+application's cost); ``scheduler`` = ``VoltroScheduler(app)`` (Celery builds it at beat's
+start: settings, entries, the engine); ``first tick`` = its first ``tick()`` (schema, registry,
+catch-up, the timeline; beat's "ready"); ``second tick``. Then the functions that took the most
+time (cProfile, cumulative and own), and the lines that hold the most memory after the first
+tick (tracemalloc, which slows the run: its timings are printed apart, without it). The broker
+is kombu's in-memory one: nothing is published unless an occurrence falls due meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import resource
+import time
+import tracemalloc
+from typing import Any
+
+from celery import Celery
+from celery.schedules import crontab
+
+from bench.services import Services, clean, ensure_database
+
+
+def _fresh(store: str) -> Services:
+    """The bench's own database (or the SQLite file given), emptied."""
+    svc = Services(voltro_store=store)
+    if svc.sqlite_path is None:
+        ensure_database(svc)
+    clean(svc)
+    return svc
+
+
+def _steps(size: int, store: str) -> tuple[dict[str, float], Any]:
+    from voltro_beat.scheduler import VoltroScheduler
+
+    times: dict[str, float] = {}
+    t = time.perf_counter()
+    app = Celery("profile", broker="memory://", set_as_current=False)
+    app.conf.update(
+        voltro_beat_store_url=store,
+        voltro_beat_replica="profile",
+        result_expires=None,
+        beat_schedule={
+            f"s{i}": {"task": "bench.work", "schedule": crontab(minute="*")} for i in range(size)
+        },
+    )
+    times["app"] = time.perf_counter() - t
+    t = time.perf_counter()
+    scheduler = VoltroScheduler(app)
+    times["scheduler"] = time.perf_counter() - t
+    t = time.perf_counter()
+    scheduler.tick()
+    times["first tick"] = time.perf_counter() - t
+    t = time.perf_counter()
+    scheduler.tick()
+    times["second tick"] = time.perf_counter() - t
+    return times, scheduler
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
+    parser.add_argument("--size", type=int, default=100_000)
+    parser.add_argument("--store", default=Services().voltro_store)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args(argv)
+
+    _fresh(args.store)
+    times, scheduler = _steps(args.size, args.store)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    scheduler.close()
+    print(f"## {args.size:,} schedules, store {args.store.split('://')[0]}")
+    print("\n".join(f"- {step}: {s:.2f} s" for step, s in times.items()))
+    print(f"- peak RSS: {rss:.0f} MB")
+
+    _fresh(args.store)
+    profile = cProfile.Profile()
+    profile.enable()
+    _, scheduler = _steps(args.size, args.store)
+    profile.disable()
+    scheduler.close()
+    for order in ("cumulative", "tottime"):
+        out = io.StringIO()
+        pstats.Stats(profile, stream=out).sort_stats(order).print_stats(args.top)
+        print(f"\n## profile, by {order}\n```\n{out.getvalue().strip()}\n```")
+
+    _fresh(args.store)
+    tracemalloc.start(1)
+    _, scheduler = _steps(args.size, args.store)
+    snapshot = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    scheduler.close()
+    top = snapshot.statistics("lineno")
+    total = sum(s.size for s in top) / 2**20
+    print(f"\n## memory held after the first ticks: {total:.0f} MB traced, the largest lines\n")
+    for stat in top[: args.top]:
+        print(f"- {stat.size / 2**20:7.1f} MB {stat.count:>9,} blocks  {stat.traceback[0]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
