@@ -1,7 +1,8 @@
 """Where a replica's boot goes at S schedules: a profile and a memory snapshot of one replica
-built and ticked once in this process, on a fresh store.
+built and ticked once in this process, on a fresh store. The schedules are the bench's burst
+app's: ``crontab(minute='*')`` (one object, shared), each with its own ``args``.
 
-    .venv/bin/python -m bench.profile                      # 100,000 crontab(minute='*') schedules
+    .venv/bin/python -m bench.profile                      # 100,000 schedules
     .venv/bin/python -m bench.profile --size 10000 --store sqlite:////tmp/vb.sqlite3
 
 On PostgreSQL it uses the bench's database (``voltro_bench``), emptied before each step.
@@ -46,13 +47,14 @@ def _steps(size: int, store: str) -> tuple[dict[str, float], Any]:
 
     times: dict[str, float] = {}
     t = time.perf_counter()
+    every = crontab(minute="*")
     app = Celery("profile", broker="memory://", set_as_current=False)
     app.conf.update(
         voltro_beat_store_url=store,
         voltro_beat_replica="profile",
         result_expires=None,
         beat_schedule={
-            f"s{i}": {"task": "bench.work", "schedule": crontab(minute="*")} for i in range(size)
+            f"s{i:06d}": {"task": "bench.noop", "schedule": every, "args": [i]} for i in range(size)
         },
     )
     times["app"] = time.perf_counter() - t
