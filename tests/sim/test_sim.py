@@ -1,5 +1,5 @@
 """The simulation in the test suite: the seeds that once found a bug, then fresh seeds for a
-budget of wall time (``VOLTRO_SIM_BUDGET`` seconds, 90 by default; the long mode is
+budget of wall time (``VOLTRO_SIM_BUDGET`` seconds, 45 by default; the long mode is
 ``python -m tests.sim --seeds 10000``, see tests/sim/README.md).
 
 A failing seed prints its violations, a minimal trace and the command that replays it; add it
@@ -59,7 +59,7 @@ def test_a_seed_replays_step_for_step() -> None:
 
 
 def test_fresh_seeds_for_the_budget() -> None:
-    budget = float(os.environ.get("VOLTRO_SIM_BUDGET", "90"))
+    budget = float(os.environ.get("VOLTRO_SIM_BUDGET", "45"))
     args = argparse.Namespace(
         seed=None,
         budget=budget,
