@@ -81,6 +81,17 @@ CASES = {
         says=("voltro_beat_coordination", "'leader'"),
     ),
     "store-dialect-typo": Case(store="typo", says=("voltro_beat_store_url", "postgresq+psycopg")),
+    "singleton-without-cluster": Case(
+        settings={"voltro_beat_singletons": {"inbox": {"run": "vbt_proj:write_token"}}},
+        says=("voltro_beat_coordination", "inbox", "'cluster'"),
+    ),
+    "singleton-that-does-not-import": Case(
+        settings={
+            "voltro_beat_coordination": "cluster",
+            "voltro_beat_singletons": {"inbox": {"run": "vbt_nowhere:poll"}},
+        },
+        says=("'inbox'", "'run'", "vbt_nowhere:poll"),
+    ),
     "unparsable-cron-at-debug": Case(
         Sched("bad-cron", '"61 * * * *"'),
         says=("'bad-cron'", "Traceback (most recent call last)", "ConfigurationError"),
