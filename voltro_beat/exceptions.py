@@ -10,18 +10,25 @@ class VoltroBeatError(Exception):
 class ConfigurationError(VoltroBeatError):
     """A schedule entry or a setting is invalid.
 
-    ``entry`` names the ``beat_schedule`` entry (or ``None`` for a global setting) and
-    ``field`` the offending field or setting, so the message points at the line to fix;
-    ``message`` is what is wrong, without them.
+    ``entry`` names the ``beat_schedule`` entry (or ``None`` for a global setting; a
+    singleton's name, with ``kind="singleton"``) and ``field`` the offending field or setting,
+    so the message points at the line to fix; ``message`` is what is wrong, without them.
     """
 
-    def __init__(self, message: str, *, entry: str | None = None, field: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        entry: str | None = None,
+        field: str | None = None,
+        kind: str = "schedule",
+    ):
         self.message = message
         self.entry = entry
         self.field = field
         where = []
         if entry is not None:
-            where.append(f"schedule {entry!r}")
+            where.append(f"{kind} {entry!r}")
         if field is not None:
             where.append(f"{'field' if entry is not None else 'setting'} {field!r}")
         prefix = ", ".join(where)

@@ -105,6 +105,7 @@ def singleton(
             raise ConfigurationError(
                 f"singleton {name!r} is declared twice: {theirs.where} and {_where(fn)}",
                 entry=name,
+                kind="singleton",
                 field="name",
             )
         declared[name] = {"run": fn, "group": group, "restart": restart, "grace": grace}
@@ -119,25 +120,35 @@ def _singleton(name: object, spec: object) -> Singleton:
     name = check_name(name)
     if not isinstance(spec, Mapping):
         raise ConfigurationError(
-            f"a singleton must be a mapping, not {type(spec).__name__}", entry=name, field=SETTING
+            f"a singleton must be a mapping, not {type(spec).__name__}",
+            entry=name,
+            kind="singleton",
+            field=SETTING,
         )
     for key in spec:
         if key not in _KEYS:
             raise ConfigurationError(
                 f"unknown key {key!r}; known keys: {', '.join(sorted(_KEYS))}",
                 entry=name,
+                kind="singleton",
                 field=str(key),
             )
     run = _callable(name, spec.get("run"))
     group = spec.get("group", DEFAULT_GROUP)
     if not isinstance(group, str) or not group.strip():
         raise ConfigurationError(
-            f"a group name (non-empty string) is required, not {group!r}", entry=name, field="group"
+            f"a group name (non-empty string) is required, not {group!r}",
+            entry=name,
+            kind="singleton",
+            field="group",
         )
     restart = spec.get("restart", False)
     if not isinstance(restart, bool):
         raise ConfigurationError(
-            f"restart must be True or False, not {restart!r}", entry=name, field="restart"
+            f"restart must be True or False, not {restart!r}",
+            entry=name,
+            kind="singleton",
+            field="restart",
         )
     return Singleton(
         name,
@@ -154,7 +165,10 @@ def _callable(name: str, run: Any) -> Callable[[Context], object]:
         return run  # type: ignore[no-any-return]
     if not isinstance(run, str) or ":" not in run:
         raise ConfigurationError(
-            f"run must be a function or 'module:function', not {run!r}", entry=name, field="run"
+            f"run must be a function or 'module:function', not {run!r}",
+            entry=name,
+            kind="singleton",
+            field="run",
         )
     module, _, attr = run.partition(":")
     try:
@@ -163,10 +177,15 @@ def _callable(name: str, run: Any) -> Callable[[Context], object]:
             found = getattr(found, part)
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(
-            f"cannot import {run!r}: {type(exc).__name__}: {exc}", entry=name, field="run"
+            f"cannot import {run!r}: {type(exc).__name__}: {exc}",
+            entry=name,
+            kind="singleton",
+            field="run",
         ) from None
     if not callable(found):
-        raise ConfigurationError(f"{run!r} is not callable", entry=name, field="run")
+        raise ConfigurationError(
+            f"{run!r} is not callable", entry=name, kind="singleton", field="run"
+        )
     return found
 
 
@@ -176,6 +195,7 @@ def _grace(name: str, value: Any) -> timedelta:
         raise ConfigurationError(
             f"grace must be positive seconds or a timedelta, not {value!r}",
             entry=name,
+            kind="singleton",
             field="grace",
         )
     return timedelta(seconds=seconds)

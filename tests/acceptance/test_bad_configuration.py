@@ -90,7 +90,7 @@ CASES = {
             "voltro_beat_coordination": "cluster",
             "voltro_beat_singletons": {"inbox": {"run": "vbt_nowhere:poll"}},
         },
-        says=("'inbox'", "'run'", "vbt_nowhere:poll"),
+        says=("singleton 'inbox', field 'run'", "vbt_nowhere:poll"),
     ),
     "unparsable-cron-at-debug": Case(
         Sched("bad-cron", '"61 * * * *"'),

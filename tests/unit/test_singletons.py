@@ -59,6 +59,7 @@ def test_bad_declarations_name_the_singleton_and_the_field(
     with pytest.raises(ConfigurationError) as info:
         load_singletons(app(inbox=spec), CLUSTER)
     assert (info.value.entry, info.value.field) == ("inbox", field)
+    assert str(info.value).startswith(f"singleton 'inbox', field '{field}': ")
 
 
 def test_singletons_need_cluster_coordination() -> None:
