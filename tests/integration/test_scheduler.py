@@ -175,6 +175,17 @@ def test_catch_up_latest_after_downtime(replicas: Any, store_url: str) -> None:
     ]
 
 
+def _after_downtime(replicas: Any) -> VoltroScheduler:
+    """A ``skip`` schedule every second that ran at 0 and 1 s on a replica since stopped; a
+    new replica of it, not booted yet."""
+    schedule = {"s": {"task": "proj.work", "schedule": 1.0, "catch_up": "skip"}}
+    first = replicas("r1", schedule=schedule)
+    tick(first, sec(0))
+    tick(first, sec(1))
+    first.close()
+    return replicas("r2", schedule=schedule)  # type: ignore[no-any-return]
+
+
 def test_a_boot_whose_catch_up_failed_leaves_no_gap(
     replicas: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -182,12 +193,7 @@ def test_a_boot_whose_catch_up_failed_leaves_no_gap(
     catch-up is the one owed at the first attempt, and the timeline starts where it ends, so
     the occurrences between the two attempts are recorded too (published within their
     lateness), none left without a row."""
-    schedule = {"s": {"task": "proj.work", "schedule": 1.0, "catch_up": "skip"}}
-    first = replicas("r1", schedule=schedule)
-    tick(first, sec(0))
-    tick(first, sec(1))
-    first.close()
-    second = replicas("r2", schedule=schedule)
+    second = _after_downtime(replicas)
     failures = fail_once(monkeypatch, second._store, "last_scheduled")
     tick(second, sec(20.5))
     tick(second, sec(29.5))
@@ -206,12 +212,7 @@ def test_catch_up_logs_one_line_per_schedule(
     replicas: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Issue 19, item 8: 150 occurrences recorded missed make one INFO line, details at DEBUG.
-    schedule = {"s": {"task": "proj.work", "schedule": 1.0, "catch_up": "skip"}}
-    first = replicas("r1", schedule=schedule)
-    tick(first, sec(0))
-    tick(first, sec(1))
-    first.close()
-    second = replicas("r2", schedule=schedule)
+    second = _after_downtime(replicas)
     with caplog.at_level(logging.DEBUG, logger="voltro_beat"):
         tick(second, sec(161))
     recorded = [r for r in caplog.records if " recorded " in r.getMessage()]
