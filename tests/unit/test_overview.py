@@ -14,8 +14,9 @@ def test_a_group_no_live_replica_serves_is_named_with_its_schedule_count() -> No
     upcoming = Upcoming({}, groups={"default": 4, "billing": 2, "reports": 1})
     live = [_replica("a"), _replica("b", group="reports")]
     assert upcoming.unserved(live) == [
-        "group billing: 2 schedules and NO LIVE REPLICA: nothing fires them (their "
-        "occurrences are recorded missed, reason no_replica, past their lateness)"
+        "group billing: 2 schedules and NO LIVE REPLICA: nothing fires them (while a replica "
+        "of another group is live, it records their occurrences missed, reason no_replica, "
+        "past their lateness)"
     ]
     assert len(upcoming.unserved([])) == 3
     assert Upcoming({}).unserved([]) == []  # no app given: no groups known

@@ -127,8 +127,9 @@ class Upcoming:
         """A warning for each group of the app's schedules no replica in ``live`` serves."""
         served = {str(r.settings.get("group", DEFAULT_GROUP)) for r in live}
         return [
-            f"group {group}: {count} schedules and NO LIVE REPLICA: nothing fires them (their "
-            "occurrences are recorded missed, reason no_replica, past their lateness)"
+            f"group {group}: {count} schedules and NO LIVE REPLICA: nothing fires them (while "
+            "a replica of another group is live, it records their occurrences missed, reason "
+            "no_replica, past their lateness)"
             for group, count in sorted(self.groups.items())
             if group not in served
         ]
