@@ -16,6 +16,7 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("arrived", "arrived"),
         ("arrived %", "arrived_pct"),
         ("dups", "duplicates"),
+        ("earlier", "earlier_messages"),
         ("early", "early_messages"),
         ("publishers", "publishers"),
         ("CPU s/1k", "cpu_per_1k"),

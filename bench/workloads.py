@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +167,7 @@ def _burst(
         # how many boundaries passed while it booted (their messages are counted as early).
         crossed = math.floor(ready / 60) - math.floor(spawned / 60)
         boundary = math.ceil((ready + 3) / 60) * 60
-    early = _drop_queue(cfg.svc)
+    earlier = _drop_queue(cfg.svc)
     out = work / "arrivals.json"
     obs = observer.start(procs, cfg.svc.broker_url, cfg.svc.queue, boundary + cfg.burst_window, out)
     # The store's work for the burst: from before its claims ahead (a few seconds at 10,000
@@ -186,7 +186,7 @@ def _burst(
         result["burst_db_xacts"] = store1[0] - store0[0] - 1
         result["burst_db_rows"] = store1[1] - store0[1]
         result["burst_db_ms"] = round(store1[2] - store0[2])
-    result["early_messages"] += early
+    result["earlier_messages"] += earlier
     result["boundaries_during_boot"] = crossed
     result["cpu_per_1k"] = _cpu_per_1k(cpu1 - cpu0, result["messages"])
     return result
@@ -210,15 +210,23 @@ def _drop_queue(svc: Services) -> int:
 
 
 def burst_figures(msgs: list[Message], boundary: float, size: int, window: float) -> dict[str, Any]:
-    """Figures of one burst from the observer's arrivals (times relative to the boundary)."""
-    early = [m for m in msgs if m.t < boundary - 1]
-    late = [m for m in msgs if boundary - 1 <= m.t <= boundary + window]
+    """Figures of one burst from the observer's arrivals (times relative to the boundary).
+
+    A message of an earlier boundary is not this burst's: one that carries an occurrence key
+    (voltro_beat) is known by its instant, wherever it arrived; one without (the incumbents)
+    by arriving more than a second before the boundary. Of this burst's messages, those that
+    arrived before its boundary are ``early``.
+    """
+    earlier = [m for m in msgs if _earlier(m, boundary)]
+    late = [m for m in msgs if not _earlier(m, boundary) and m.t <= boundary + window]
+    early = [m for m in late if m.t < boundary]
     first_seen: dict[int | None, float] = {}
     for m in late:
         first_seen.setdefault(m.index, m.t)
     done = len(first_seen) >= size
     return {
         "messages": len(late),
+        "earlier_messages": len(earlier),
         "early_messages": len(early),
         "first_s": round(min(m.t for m in late) - boundary, 3) if late else None,
         "last_s": round(max(m.t for m in late) - boundary, 3) if late else None,
@@ -229,6 +237,14 @@ def burst_figures(msgs: list[Message], boundary: float, size: int, window: float
         "same_task_id": len(late) - len({m.task_id for m in late}),
         "publishers": len({m.origin for m in late}),
     }
+
+
+def _earlier(m: Message, boundary: float) -> bool:
+    """Whether ``m`` is a message of a boundary before ``boundary``."""
+    if m.occurrence is not None and "@" in m.occurrence:
+        instant = datetime.fromisoformat(m.occurrence.rsplit("@", 1)[1]).replace(tzinfo=UTC)
+        return instant.timestamp() < boundary - 0.5
+    return m.t < boundary - 1
 
 
 def _steady(
