@@ -217,8 +217,13 @@ def burst_figures(msgs: list[Message], boundary: float, size: int, window: float
     by arriving more than a second before the boundary. Of this burst's messages, those that
     arrived before its boundary are ``early``.
     """
-    earlier = [m for m in msgs if _earlier(m, boundary)]
-    late = [m for m in msgs if not _earlier(m, boundary) and m.t <= boundary + window]
+    earlier: list[Message] = []
+    late: list[Message] = []
+    for m in msgs:
+        if _earlier(m, boundary):
+            earlier.append(m)
+        elif m.t <= boundary + window:
+            late.append(m)
     early = [m for m in late if m.t < boundary]
     first_seen: dict[int | None, float] = {}
     for m in late:
