@@ -86,7 +86,7 @@ class VoltroScheduler(beat.Scheduler):
             self._schedule.counted(),
             extra=logs.fields(replica=self._settings.replica),
         )
-        for warning, line in retention.announce(self._engine.sweeper.policies):
+        for warning, line in retention.announce(self._engine.upkeep.sweeper.policies):
             (logger.warning if warning else logger.info)("%s", line)
         self._try_store()
 

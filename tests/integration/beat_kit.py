@@ -50,7 +50,7 @@ def fail_once(monkeypatch: pytest.MonkeyPatch, target: Any, method: str) -> list
 def recover(scheduler: VoltroScheduler, at: datetime) -> None:
     """One recovery sweep of ``scheduler`` at ``at``."""
     scheduler._store.database.clock = lambda: at
-    scheduler._engine.recover()
+    scheduler._engine.upkeep.recover()
 
 
 def drain(app: Celery) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ def no_registrations(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def sweep(replica: VoltroScheduler, now: datetime) -> bool:
     """Run the retention job of ``now``'s slot on ``replica`` to its end; whether it won."""
-    sweeper = replica._engine.sweeper
+    sweeper = replica._engine.upkeep.sweeper
     sweeper.start(now)
     won = sweeper.busy
     while sweeper.busy:
@@ -190,7 +190,7 @@ def test_a_sweep_yields_to_occurrences_due_soon(replicas: Any, store_url: str) -
     r1._store.database.upgrade()
     fill(store_url, {runs: [run_row("old@1", T0 - timedelta(days=31), "succeeded")]})
     tick(r1, sec(0.9))  # boots, wins the slot's sweep; 10:00:01 is due within the margin
-    assert r1._engine.sweeper.busy
+    assert r1._engine.upkeep.sweeper.busy
     assert "old@1" in left(store_url, runs)
     tick(r1, sec(1))  # publishes 10:00:01; 10:00:02 is far enough for a batch
     assert "old@1" not in left(store_url, runs)

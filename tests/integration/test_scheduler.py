@@ -544,8 +544,8 @@ def test_a_slow_tick_does_not_publish_what_was_taken_over(
         r1._store.database.clock = lambda: sec(15)  # the sweep took 14 s...
         recover(up, sec(14.5))  # ...and meanwhile the run was taken over and sent
 
-    monkeypatch.setattr(r1._engine.sweeper, "start", slow_sweep)
-    r1._engine._next_retention = sec(1)
+    monkeypatch.setattr(r1._engine.upkeep.sweeper, "start", slow_sweep)
+    r1._engine.upkeep.next_retention = sec(1)
     tick(r1, sec(1))
     sent = [h["voltro_occurrence"] for h in drain(r1.app)]
     assert sent.count("s@2026-01-01T10:00:01") == 1

@@ -129,7 +129,7 @@ class SimReplica:
             while True:
                 started = self.world.t
                 wake = self.engine.step()
-                if self.engine.booted and self.engine.health.down_since is None:
+                if self.engine.booted and self.engine.upkeep.health.down_since is None:
                     self.steps.append((started, self.world.t))
                     if self.booted_at is None:
                         self.booted_at = self.world.t

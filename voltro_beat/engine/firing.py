@@ -18,19 +18,15 @@ through its runner (:mod:`voltro_beat.runner`): a simulation drives it on a virt
 
 from __future__ import annotations
 
-import collections
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from importlib.metadata import version
 
-from voltro_beat import retention
 from voltro_beat.clock import Clock
 from voltro_beat.config import Settings
 from voltro_beat.coordination import Coordination
 from voltro_beat.dispatch import Dispatcher
-from voltro_beat.engine import recovery, upkeep
 from voltro_beat.engine.gate import Gate
 from voltro_beat.engine.guard import Guard
 from voltro_beat.engine.ownership import Ownership
@@ -39,7 +35,7 @@ from voltro_beat.engine.recorder import Recorder, graces
 from voltro_beat.engine.singletons import Singletons
 from voltro_beat.engine.timeline import Pending, Timeline
 from voltro_beat.engine.unserved import Unserved
-from voltro_beat.engine.upkeep import Health, Sweeper
+from voltro_beat.engine.upkeep import LONG_AGO, Upkeep
 from voltro_beat.exceptions import StoreError
 from voltro_beat.membership import Membership
 from voltro_beat.metrics import Metrics
@@ -70,10 +66,6 @@ QUEUE_POLL = timedelta(seconds=1)
 #: Message templates are built, and retention batches deleted, only while the next
 #: occurrence is at least this far away.
 PREPARE_MARGIN = timedelta(milliseconds=200)
-#: How often the metrics' gauges (clock offset, table sizes) are read, when metrics are on.
-MEASURE_EVERY = timedelta(seconds=15)
-
-_LONG_AGO = datetime.min.replace(tzinfo=UTC)
 
 
 class Engine:
@@ -135,9 +127,17 @@ class Engine:
             overlap_timeouts.keys(),
             self.gate.deferred,
         )
-        self.unserved = Unserved(store, others, self.lease, self.metrics)
-        self.sweeper = Sweeper(store, membership, upkeep.policies(settings, entries.values()))
-        self.health = Health(settings.health_file, self.metrics, store, clock)
+        self.unserved = Unserved(store, others, settings.coordination, self.lease, self.metrics)
+        self.upkeep = Upkeep(
+            settings=settings,
+            entries=entries,
+            store=store,
+            dispatch=self.dispatch,
+            publisher=publisher,
+            membership=membership,
+            clock=clock,
+            metrics=self.metrics,
+        )
         self.booted = False
         #: Set by :meth:`close`.
         self.closed = False
@@ -145,14 +145,7 @@ class Engine:
         self._stepping = False
         #: What this replica won ahead: fenced shortly before its instant, published at it.
         self.ready = Ready(self.dispatch, clock, self.timeline, self.lease)
-        #: Schedules whose message templates are not built yet, soonest first.
-        self._unprepared: collections.deque[Pending] = collections.deque()
-        self._next_recovery = _LONG_AGO
-        self._next_retention = _LONG_AGO
-        self._next_heartbeat = _LONG_AGO
-        self._next_measure = _LONG_AGO
-        #: Catch-ups owed (:meth:`_owe`), kept until recorded.
-        self._owed: collections.deque[_Owed] = collections.deque()
+        self._next_heartbeat = LONG_AGO
         #: When this replica first joined the registry (a boot retried joins again).
         self._started: datetime | None = None
 
@@ -165,7 +158,7 @@ class Engine:
         try:
             return self.attempt()
         except StoreError as exc:
-            self._on_store_error(exc)
+            self.upkeep.store_down(exc)
         except Exception:
             logger.exception("voltro_beat: unexpected error in tick; retrying")
         return self.clock.now() + RETRY_DELAY
@@ -191,42 +184,16 @@ class Engine:
             if changed:
                 self.timeline.requeue()
             self._owe(gained, clock.now(), taken_over=True)
-            self._record_unserved(clock.now())
-            self.health.touch()
+            self.unserved.record(self.membership.live, clock.now())
+            self.upkeep.health.touch()
             self._next_heartbeat = clock.now() + self.membership.interval
         self._catch_up()
         self._fire_due(clock.now())
         self.ready.publish()
         if self.guard.queues:
             self.guard.promote(clock.now(), self.dispatch, self.lease)
-        if clock.now() >= self._next_recovery:
-            self.recover()
-            self._next_recovery = clock.now() + self.lease / 2
-        if clock.now() >= self._next_retention:
-            now = clock.now()
-            self.sweeper.start(now)
-            self._next_retention = retention.slot(now) + retention.SWEEP_EVERY
-        while self.sweeper.busy and self._room():
-            if self.sweeper.step():
-                break  # the tick returns between whole batches: a long sweep holds back nothing
-        if self.metrics.enabled and clock.now() >= self._next_measure:
-            self.health.measure()
-            self._next_measure = clock.now() + MEASURE_EVERY
-        self.health.store_up()
-        # Message templates, soonest schedules first, while nothing is due: at 100,000
-        # schedules building them all takes minutes, and done at boot it would hold the first
-        # occurrences back. One at a time: on a loaded host a batch could run into a claim.
-        while self._unprepared and self._room():
-            self.publisher.prepare([self._unprepared.popleft().entry])
+        self.upkeep.run(self._room)
         return self._wake(clock.now())
-
-    def recover(self) -> None:
-        """One recovery sweep (:mod:`voltro_beat.engine.recovery`)."""
-        if self.dispatch.halted:  # close() was asked for in the middle of this step
-            return
-        recovery.recover(
-            self.store, self.dispatch, self.membership, self.entries.keys(), self.metrics
-        )
 
     def _boot(self) -> None:
         """Upgrade the schema, join the registry (a first reading of the database's clock),
@@ -251,7 +218,7 @@ class Engine:
             if first is not None:
                 self.timeline.push(Pending(entry, [first]))
         self.booted = True
-        self._unprepared = collections.deque(self.timeline)
+        self.upkeep.prepare(self.timeline)
 
     def _fire_due(self, now: datetime) -> None:
         """Record the occurrences whose claim time has come (their instant minus the lead),
@@ -260,7 +227,7 @@ class Engine:
         if not due:
             return
         try:
-            self._record(self.gate.runs(due, now, self.health.down_since), now)
+            self._record(self.gate.runs(due, now, self.upkeep.health.down_since), now)
             for p in due:
                 p.advance(now)
         finally:
@@ -269,14 +236,6 @@ class Engine:
                 if p.instants:
                     self.timeline.push(p)
 
-    def _record_unserved(self, now: datetime) -> None:
-        """Record ``missed`` what the groups no live replica serves let pass
-        (:mod:`voltro_beat.engine.unserved`)."""
-        runs = self.unserved.runs(self.membership.live, now)
-        if runs:
-            won = self.store.claim(runs, coordination=self.settings.coordination, lease=self.lease)
-            self.metrics.missed([r for r in runs if r.occurrence.key in won])
-
     def _record(self, runs: list[Run], now: datetime) -> None:
         for o in self.recorder.record(runs, now, self.gate.tenure):
             self.ready.push(o)
@@ -284,28 +243,23 @@ class Engine:
     def _owe(self, names: Iterable[str], now: datetime, *, taken_over: bool) -> None:
         """Owe a catch-up of schedules ``names``, at boot or as their shard is ``taken_over``
         by this replica, as things stand ``now``: the catch-up policies apply to what fell
-        until then, and a schedule that has no run yet (its owner stalled before the first) starts
-        when the longest-running live replica that runs it (this one too) started: what fell
-        since, fell while a replica was live; what fell before a shard's previous owner
-        released it was that live replica's. An external entry is fired by `voltro-beat
-        trigger` alone: no catch-up (its untriggered occurrences stay gaps in the ledger)."""
-        entries = [self.entries[n] for n in names if self.entries[n].trigger == "beat"]
-        if entries:
-            live = self.membership.live_since
-            since = live if taken_over else None
-            self._owed.append(_Owed(entries, now, live, since, self.gate.released))
+        until then, and a schedule that has no run yet (its owner stalled before the first)
+        starts when the longest-running live replica that runs it (this one too) started:
+        what fell since, fell while a replica was live; what fell before a shard's previous
+        owner released it was that live replica's. An external entry is fired by
+        `voltro-beat trigger` alone: no catch-up (its untriggered occurrences stay gaps)."""
+        live = self.membership.live_since
+        self.recorder.owe(
+            [self.entries[n] for n in names if self.entries[n].trigger == "beat"],
+            now,
+            live,
+            live if taken_over else None,
+            self.gate.released,
+        )
 
     def _catch_up(self) -> None:
-        """Record the catch-ups owed, oldest first. One that meets a store error stays owed
-        and is tried again next step, as it stood when owed (the shard is no longer "just
-        taken" by then)."""
-        while self._owed:
-            c = self._owed[0]
-            self._record(
-                self.recorder.catch_up(c.entries, c.now, c.live, c.since, c.released),
-                self.clock.now(),
-            )
-            self._owed.popleft()
+        for o in self.recorder.settle(self.clock.now(), self.gate.tenure):
+            self.ready.push(o)
 
     # -- timing ---------------------------------------------------------------------------
 
@@ -318,23 +272,12 @@ class Engine:
         return self._next_due() - self.clock.now() >= PREPARE_MARGIN
 
     def _wake(self, now: datetime) -> datetime:
-        wake = min(
-            self._next_recovery, self._next_retention, self._next_heartbeat, self._next_due()
-        )
-        if self.sweeper.busy and self._room():
-            wake = now  # the next batch of the retention sweep
+        wake = min(self.upkeep.wake(now, self._room()), self._next_heartbeat, self._next_due())
         if self.guard.queues:
             # A queued run starts within a second of its predecessor finishing, whichever
             # replica queued it (that one may be gone).
             wake = min(wake, now + QUEUE_POLL)
         return wake
-
-    def _on_store_error(self, exc: StoreError) -> None:
-        # Runs published just before the outage may still be unmarked by their owners (this
-        # replica's wait in its dispatcher): give every owner a full lease with the store back
-        # before any recovery sweep of this replica republishes a run it did publish.
-        self._next_recovery = max(self._next_recovery, self.clock.now() + self.lease)
-        self.health.store_down(exc)
 
     # -- stopping -------------------------------------------------------------------------
 
@@ -367,15 +310,3 @@ class Engine:
         finally:
             self.dispatch.close()
         return True
-
-
-@dataclass(frozen=True, slots=True)
-class _Owed:
-    """A catch-up owed: of ``entries``, as of ``now``, with what the registry and the shards
-    said then (:meth:`Engine._owe`)."""
-
-    entries: list[Entry]
-    now: datetime
-    live: Mapping[str, datetime]
-    since: Mapping[str, datetime] | None
-    released: Mapping[str, datetime]

@@ -1,12 +1,14 @@
 """The gate's side of firing: occurrences sent through the coordination gate in one
-statement, the ones this replica won kept for their instant, the others' fates logged.
+statement, the ones this replica won kept for their instant, the others' fates logged; and
+the catch-ups owed (at boot, or for a shard just taken), kept until recorded.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from voltro_beat import catchup, logs
@@ -61,6 +63,8 @@ class Recorder:
         #: Per schedule: claims older than this much before a won occurrence are pruned.
         self._graces = graces
         self._metrics = metrics
+        #: Catch-ups owed (:meth:`owe`), oldest first, kept until recorded.
+        self._owed: collections.deque[_Owed] = collections.deque()
 
     def record(
         self, runs: list[Run], now: datetime, tenure: Tenure | None = None
@@ -109,6 +113,32 @@ class Recorder:
                     recorded[o.schedule, run.status, run.reason].append(o.scheduled_at)
         self._summarise(recorded)
         return won_claims
+
+    def owe(
+        self,
+        entries: list[Entry],
+        now: datetime,
+        live_since: Mapping[str, datetime],
+        since: Mapping[str, datetime] | None,
+        live_until: Mapping[str, datetime],
+    ) -> None:
+        """Owe a catch-up of ``entries`` as things stand ``now`` (:meth:`catch_up`'s
+        arguments): :meth:`settle` records it."""
+        if entries:
+            self._owed.append(_Owed(entries, now, live_since, since, live_until))
+
+    def settle(self, now: datetime, tenure: Tenure | None) -> Iterator[Occurrence]:
+        """Record the catch-ups owed, oldest first, yielding the occurrences won. One that
+        meets a store error stays owed and is tried again, as it stood when owed (the shard
+        is no longer "just taken" by then)."""
+        while self._owed:
+            c = self._owed[0]
+            yield from self.record(
+                self.catch_up(c.entries, c.now, c.live_since, c.since, c.live_until),
+                now,
+                tenure,
+            )
+            self._owed.popleft()
 
     def catch_up(
         self,
@@ -188,3 +218,15 @@ def graces(entries: Iterable[Entry]) -> dict[str, timedelta]:
         if step is not None:
             found[entry.name] = min(max(step * 60, timedelta(minutes=1)), timedelta(hours=1))
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class _Owed:
+    """A catch-up owed: of ``entries``, as of ``now``, with what the registry and the shards
+    said then (:meth:`Recorder.owe`)."""
+
+    entries: list[Entry]
+    now: datetime
+    live_since: Mapping[str, datetime]
+    since: Mapping[str, datetime] | None
+    live_until: Mapping[str, datetime]

@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 
 from voltro_beat import logs
 from voltro_beat.catchup import MAX_BACKFILL, newest
+from voltro_beat.coordination import Coordination
 from voltro_beat.metrics import Metrics
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.replicas import Replica
@@ -45,9 +46,15 @@ class Unserved:
     """The other groups' schedules, and what to record of those no live replica serves."""
 
     def __init__(
-        self, store: BeatStore, others: Iterable[Entry], lease: timedelta, metrics: Metrics
+        self,
+        store: BeatStore,
+        others: Iterable[Entry],
+        coordination: Coordination,
+        lease: timedelta,
+        metrics: Metrics,
     ) -> None:
         self._store = store
+        self._coordination = coordination
         self._lease = lease
         self._metrics = metrics
         #: Group -> its schedules that fire on beat (an external one has no cadence to miss).
@@ -58,6 +65,13 @@ class Unserved:
         #: Schedule -> the newest instant already recorded or looked at, for the groups
         #: unserved now.
         self._after: dict[str, datetime] = {}
+
+    def record(self, live: Iterable[Replica], now: datetime) -> None:
+        """Record the :meth:`runs` due now; one replica's row goes in."""
+        runs = self.runs(live, now)
+        if runs:
+            won = self._store.claim(runs, coordination=self._coordination, lease=self._lease)
+            self._metrics.missed([r for r in runs if r.occurrence.key in won])
 
     def runs(self, live: Iterable[Replica], now: datetime) -> list[Run]:
         """The ``missed`` runs to record now of the groups no replica in ``live`` serves."""

@@ -1,23 +1,29 @@
-"""Upkeep between firings: the retention sweep, the health file and the metrics' gauges.
+"""Upkeep between firings: recovery sweeps, the retention sweep, the health file, the
+metrics' gauges and the message templates.
 
-Each runs only while nothing is due soon, so that it never holds an occurrence back.
+Each runs only while nothing is due soon, so that it never holds an occurrence back (a
+recovery sweep, a step at a time: it republishes what is already late).
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from voltro_beat import logs, retention
 from voltro_beat.clock import Clock
 from voltro_beat.config import Settings
+from voltro_beat.dispatch import Dispatcher
+from voltro_beat.engine import recovery
+from voltro_beat.engine.timeline import Pending
 from voltro_beat.exceptions import ConfigurationError, StoreError
 from voltro_beat.membership import FORGET_AFTER, Membership
 from voltro_beat.metrics import Metrics
+from voltro_beat.publisher import Publisher
 from voltro_beat.schedules import Entry
 from voltro_beat.store import sweeps
 from voltro_beat.store.beat import BeatStore
@@ -27,6 +33,91 @@ logger = logging.getLogger(__name__)
 
 #: While the store stays unreachable, the warning is repeated this often (seconds).
 STORE_DOWN_REPEAT = 30.0
+#: How often the metrics' gauges (clock offset, table sizes) are read, when metrics are on.
+MEASURE_EVERY = timedelta(seconds=15)
+#: A time every clock reading is after: what is due "at" it is due at once.
+LONG_AGO = datetime.min.replace(tzinfo=UTC)
+
+
+class Upkeep:
+    """A step's upkeep, once what is due went out: each part when its time has come, and
+    only while ``room()`` says nothing is due soon where it could take long."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        entries: Mapping[str, Entry],
+        store: BeatStore,
+        dispatch: Dispatcher,
+        publisher: Publisher,
+        membership: Membership,
+        clock: Clock,
+        metrics: Metrics,
+    ) -> None:
+        self._entries = entries
+        self._store = store
+        self._dispatch = dispatch
+        self._publisher = publisher
+        self._membership = membership
+        self._clock = clock
+        self._metrics = metrics
+        self.sweeper = Sweeper(store, membership, policies(settings, entries.values()))
+        self.health = Health(settings.health_file, metrics, store, clock)
+        self.next_recovery = LONG_AGO
+        self.next_retention = LONG_AGO
+        self._next_measure = LONG_AGO
+        #: Schedules whose message templates are not built yet, soonest first.
+        self._unprepared: collections.deque[Pending] = collections.deque()
+
+    def prepare(self, pending: Iterable[Pending]) -> None:
+        """Build the message templates of ``pending``'s schedules, in this order, as room
+        allows: at 100,000 schedules building them all takes minutes, and done at boot it
+        would hold the first occurrences back."""
+        self._unprepared = collections.deque(pending)
+
+    def run(self, room: Callable[[], bool]) -> None:
+        clock = self._clock
+        if clock.now() >= self.next_recovery:
+            self.recover()
+            self.next_recovery = clock.now() + self._dispatch.lease / 2
+        if clock.now() >= self.next_retention:
+            now = clock.now()
+            self.sweeper.start(now)
+            self.next_retention = retention.slot(now) + retention.SWEEP_EVERY
+        while self.sweeper.busy and room():
+            if self.sweeper.step():
+                break  # the step returns between whole batches: a long sweep holds back nothing
+        if self._metrics.enabled and clock.now() >= self._next_measure:
+            self.health.measure()
+            self._next_measure = clock.now() + MEASURE_EVERY
+        self.health.store_up()
+        # One template at a time: on a loaded host a batch could run into a claim.
+        while self._unprepared and room():
+            self._publisher.prepare([self._unprepared.popleft().entry])
+
+    def wake(self, now: datetime, room: bool) -> datetime:
+        """When upkeep next wants a step (``room``: whether it may run at ``now``)."""
+        if self.sweeper.busy and room:
+            return now  # the next batch of the retention sweep
+        return min(self.next_recovery, self.next_retention)
+
+    def recover(self) -> None:
+        """One recovery sweep (:mod:`voltro_beat.engine.recovery`)."""
+        if self._dispatch.halted:  # close() was asked for in the middle of this step
+            return
+        recovery.recover(
+            self._store, self._dispatch, self._membership, self._entries.keys(), self._metrics
+        )
+
+    def store_down(self, exc: StoreError) -> None:
+        """A step failed on the store. Runs published just before the outage may still be
+        unmarked by their owners (this replica's wait in its dispatcher): every owner gets a
+        full lease with the store back before a recovery sweep of this replica republishes a
+        run it did publish."""
+        lease = self._dispatch.lease
+        self.next_recovery = max(self.next_recovery, self._clock.now() + lease)
+        self.health.store_down(exc)
 
 
 def policies(settings: Settings, entries: Iterable[Entry]) -> list[retention.Policy]:
