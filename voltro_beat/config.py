@@ -90,6 +90,9 @@ class Settings:
     group: str = DEFAULT_GROUP
     #: Shards per group in ``cluster`` coordination (the same on every replica of a group).
     shards: int = DEFAULT_SHARDS
+    #: A schedule named both in the app's ``beat_schedule`` and in the schedules table:
+    #: ``error`` (refused at boot and by an edit), or which of ``code`` and ``table`` wins.
+    schedule_conflicts: str = "error"
     #: Where each value came from, by field name (empty when built by hand).
     sources: Mapping[str, Source] = field(default_factory=dict, compare=False, repr=False)
 
@@ -195,6 +198,18 @@ def _shards(key: str, value: Any) -> int:
     if not 1 <= count <= MAX_SHARDS:
         raise ConfigurationError(f"expected 1 to {MAX_SHARDS} shards, got {value!r}", field=key)
     return count
+
+
+#: The values of ``voltro_beat_schedule_conflicts``.
+CONFLICT_RULES = ("error", "code", "table")
+
+
+def _conflicts(key: str, value: Any) -> str:
+    if value not in CONFLICT_RULES:
+        raise ConfigurationError(
+            f"expected one of {', '.join(map(repr, CONFLICT_RULES))}, got {value!r}", field=key
+        )
+    return str(value)
 
 
 def _clock(key: str, value: Any) -> ClockMode:
@@ -347,5 +362,7 @@ SETTINGS: tuple[Setting, ...] = (
             DEFAULT_GROUP,              _text),
     Setting("shards",           "voltro_beat_shards",           "VOLTRO_BEAT_SHARDS",
             DEFAULT_SHARDS,             _shards),
+    Setting("schedule_conflicts", "voltro_beat_schedule_conflicts",
+            "VOLTRO_BEAT_SCHEDULE_CONFLICTS", "error", _conflicts),
 )
 # fmt: on

@@ -77,3 +77,12 @@ class PublishError(VoltroBeatError):
         super().__init__(message)
         self.confirmed = confirmed
         self.refused = refused or {}
+
+
+class EditRefused(VoltroBeatError):
+    """A change of the schedules table was refused: the schedule changed since the revision
+    the change was based on, exists already, or does not exist (``name``)."""
+
+    def __init__(self, message: str, *, name: str) -> None:
+        super().__init__(message)
+        self.name = name

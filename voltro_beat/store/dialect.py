@@ -64,6 +64,10 @@ class Dialect(ABC):
         """Serialise schema upgrades of replicas that boot together, until ``conn``'s
         transaction ends."""
 
+    @abstractmethod
+    def lock_edits(self, conn: Connection) -> None:
+        """Serialise changes of the schedules table, until ``conn``'s transaction ends."""
+
     @property
     def file(self) -> str | None:
         """The database's file, for a database that is one (and is not in memory)."""

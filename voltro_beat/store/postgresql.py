@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 #: Random 64-bit key of the advisory lock that serialises schema upgrades.
 MIGRATION_LOCK = 0x766F6C74726F6D67
+#: Random 64-bit key of the advisory lock that serialises changes of the schedules table.
+EDITS_LOCK = 0x766F6C7472656474
 #: Runs recorded ``published`` per :data:`SETTLE` statement, so that a worker's ledger write
 #: never waits long on their row locks.
 SETTLE_BATCH = 1_000
@@ -199,6 +201,9 @@ class PostgreSQL(Dialect):
     def lock_schema(self, conn: Connection) -> None:
         # Transaction-scoped, so a crash mid-upgrade cannot leave the lock held.
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
+
+    def lock_edits(self, conn: Connection) -> None:
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": EDITS_LOCK})
 
     def clock_mode(self, setting: ClockMode | None) -> ClockMode:
         return setting or ClockMode.DATABASE

@@ -66,6 +66,9 @@ class SQLite(Dialect):
     def lock_schema(self, conn: Connection) -> None:
         """Nothing to take: ``BEGIN IMMEDIATE`` already lets one writer in at a time."""
 
+    def lock_edits(self, conn: Connection) -> None:
+        """Nothing to take: ``BEGIN IMMEDIATE`` already lets one writer in at a time."""
+
     @property
     def file(self) -> str | None:
         path = self.database.engine.url.database

@@ -1,5 +1,5 @@
-"""voltro_beat's tables (claims, runs, the replica registry, watermarks, shard leases):
-SQLAlchemy Core.
+"""voltro_beat's tables (claims, runs, the replica registry, watermarks, shard leases,
+schedules kept in the database and their changes): SQLAlchemy Core.
 
 ``_voltro_schedule_claims`` is the short fence (pruned fast); ``_voltro_schedule_runs`` is the
 run ledger and the long fence: both are keyed by the occurrence key (guarantee 4). Status
@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -38,6 +39,8 @@ REPLICAS = "_voltro_beat_replicas"
 WATERMARKS = "_voltro_beat_watermarks"
 SHARDS = "_voltro_beat_shards"
 SINGLETONS = "_voltro_beat_singletons"
+SCHEDULES = "_voltro_beat_schedules"
+SCHEDULE_CHANGES = "_voltro_beat_schedule_changes"
 VERSION_TABLE = "_voltro_beat_alembic_version"
 
 
@@ -219,4 +222,37 @@ singletons = Table(
     Column("state", Text, nullable=False),
     Column("since", UTCDateTime, nullable=False),
     Column("error", Text),
+)
+
+#: Schedules kept in the database (``voltro-beat schedules``, the admins): per name, its group,
+#: its definition (a JSON document, :mod:`voltro_beat.definitions`), whether it fires, the
+#: revision of its last change (the change's row in ``schedule_changes``), who made it and
+#: when, on the database's clock.
+schedules = Table(
+    SCHEDULES,
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("schedule_group", Text, nullable=False),
+    Column("definition", Text, nullable=False),
+    Column("enabled", Boolean, nullable=False),
+    Column("revision", Integer, nullable=False),
+    Column("changed_by", Text, nullable=False),
+    Column("changed_at", UTCDateTime, nullable=False),
+)
+
+#: One row per change of the schedules table: its revision (one more than the last change of
+#: any schedule: replicas read what changed since the revision they applied), the schedule,
+#: the action (add, set, enable, disable, remove), the row before and after it (JSON, NULL
+#: where there was none), who and when.
+schedule_changes = Table(
+    SCHEDULE_CHANGES,
+    metadata,
+    Column("revision", Integer, primary_key=True, autoincrement=False),
+    Column("name", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("before", Text),
+    Column("after", Text),
+    Column("changed_by", Text, nullable=False),
+    Column("changed_at", UTCDateTime, nullable=False),
+    Index("ix_voltro_schedule_changes_name", "name", "revision"),
 )

@@ -1,0 +1,56 @@
+"""Schedules kept in the database, and their changes.
+
+``_voltro_beat_schedules``: one row per schedule defined in the database rather than in the
+app's ``beat_schedule`` (its definition as JSON, whether it fires, the revision of its last
+change). ``_voltro_beat_schedule_changes``: one row per change, numbered by a revision that
+grows with every change of any schedule, with the row before and after.
+
+Revision ID: 0008
+Revises: 0007
+Create Date: 2026-12-06
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+from voltro_beat.store.tables import UTCDateTime
+
+revision = "0008"
+down_revision = "0007"
+branch_labels = None
+depends_on = None
+
+SCHEDULES = "_voltro_beat_schedules"
+SCHEDULE_CHANGES = "_voltro_beat_schedule_changes"
+
+
+def upgrade() -> None:
+    op.create_table(
+        SCHEDULES,
+        sa.Column("name", sa.Text, primary_key=True),
+        sa.Column("schedule_group", sa.Text, nullable=False),
+        sa.Column("definition", sa.Text, nullable=False),
+        sa.Column("enabled", sa.Boolean, nullable=False),
+        sa.Column("revision", sa.Integer, nullable=False),
+        sa.Column("changed_by", sa.Text, nullable=False),
+        sa.Column("changed_at", UTCDateTime, nullable=False),
+    )
+    op.create_table(
+        SCHEDULE_CHANGES,
+        sa.Column("revision", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("name", sa.Text, nullable=False),
+        sa.Column("action", sa.Text, nullable=False),
+        sa.Column("before", sa.Text),
+        sa.Column("after", sa.Text),
+        sa.Column("changed_by", sa.Text, nullable=False),
+        sa.Column("changed_at", UTCDateTime, nullable=False),
+    )
+    op.create_index("ix_voltro_schedule_changes_name", SCHEDULE_CHANGES, ["name", "revision"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_voltro_schedule_changes_name", SCHEDULE_CHANGES)
+    op.drop_table(SCHEDULE_CHANGES)
+    op.drop_table(SCHEDULES)
