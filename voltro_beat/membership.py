@@ -21,7 +21,7 @@ from voltro_beat.config import Settings
 from voltro_beat.coordination import Coordination
 from voltro_beat.exceptions import StoreError
 from voltro_beat.replicas import Replica
-from voltro_beat.schedules import Entry
+from voltro_beat.schedules import DEFAULT_GROUP, Entry
 from voltro_beat.store.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -59,6 +59,11 @@ class Membership:
         #: Schedule -> when the longest-running live replica that runs it (this one too)
         #: started.
         self.live_since: dict[str, datetime] = {}
+        #: This group's schedules of the schedules table: every live replica of the group
+        #: runs them (they are not in the definition map, which is for deploys).
+        self.table: set[str] = set()
+        #: The newest revision of the schedules table applied, reported at each heartbeat.
+        self.revision = 0
         self.live: list[Replica] = []
         self._maps: dict[str, tuple[str, dict[str, str]]] = {}
         self._said: set[tuple[Any, ...]] = set()
@@ -89,7 +94,9 @@ class Membership:
         Returns whether the schedules this replica yields changed.
         """
         offset = None if self.clock.offset is None else self.clock.offset.total_seconds()
-        answer = self.registry.heartbeat(self.settings.replica, offset, self.liveness)
+        answer = self.registry.heartbeat(
+            self.settings.replica, offset, self.liveness, self.revision
+        )
         if answer is None:  # swept while this replica was away
             self.registry.register(self._me(), self.schedules)
             return False
@@ -101,6 +108,12 @@ class Membership:
         if changed:  # what follows reads every schedule of every replica: only when needed
             self._learn()
         return self.yielded.keys() != before.keys()
+
+    def follow(self) -> None:
+        """The schedules table changed (:attr:`table`): learn again which live replicas run
+        what (no read unless a replica's schedules changed too)."""
+        if self.live:
+            self._learn()
 
     def _read_clock(self) -> None:
         self._observe(self.registry.database.read_clock())
@@ -121,6 +134,7 @@ class Membership:
             clock_offset=None if offset is None else offset.total_seconds(),
             settings=self._settings(),
             schedules_digest=replicas.digest(self.schedules),
+            schedules_revision=self.revision,
         )
 
     def _settings(self) -> dict[str, Any]:
@@ -191,7 +205,14 @@ class Membership:
                 continue
             for name in maps.get(r.name, {}):
                 self.live_since[name] = min(self.live_since.get(name, started), started)
-        self.known = set().union(*maps.values())
+        group = [
+            r.started_at
+            for r in self.live
+            if r.started_at is not None and _group(r) == self.settings.group
+        ]
+        if group:  # every live replica of the group runs the table's schedules
+            self.live_since.update(dict.fromkeys(self.table, min(group)))
+        self.known = set().union(*maps.values(), self.table)
         mine = next((r for r in self.live if r.name == me), None)
         newer = [
             (r.name, maps.get(r.name, {}))
@@ -250,6 +271,10 @@ class Membership:
         if key not in self._said:
             self._said.add(key)
             logger.warning(message, *args, extra=extra)
+
+
+def _group(replica: Replica) -> str:
+    return str(replica.settings.get("group", DEFAULT_GROUP))
 
 
 def _who(live: list[Replica]) -> list[tuple[str, Any, str]]:

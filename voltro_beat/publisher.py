@@ -223,6 +223,11 @@ class Publisher:
         except Exception:
             self.reset()
 
+    def forget(self, name: str) -> None:
+        """Drop schedule ``name``'s template (its definition changed): the next publish or
+        :meth:`prepare` builds it again."""
+        self._templates.pop(name, None)
+
     def _template(self, producer: Producer, entry: Entry) -> RedisPush | Template | None:
         try:
             return self._templates[entry.name]

@@ -45,6 +45,8 @@ class Replica:
     clock_offset: float | None
     settings: Mapping[str, Any] = field(default_factory=dict)
     schedules_digest: str = ""
+    #: The newest revision of the schedules table it has applied.
+    schedules_revision: int = 0
 
     @classmethod
     def of(cls, row: Any) -> Replica:
@@ -60,6 +62,7 @@ class Replica:
             clock_offset=row.clock_offset,
             settings=json.loads(row.settings),
             schedules_digest=row.schedules_digest,
+            schedules_revision=row.schedules_revision,
         )
 
 

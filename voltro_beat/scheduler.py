@@ -93,13 +93,15 @@ class VoltroScheduler(beat.Scheduler):
     def _try_store(self) -> None:
         """Exit (EX_CONFIG) on a store error no retry cures: a wrong password, an unknown
         database, host or role, a missing grant (with migrate, the schema upgrade is tried
-        too). Any other error is left to the first tick's fail-closed retry."""
+        too). Any other error is left to the first tick's fail-closed retry. Raise
+        ConfigurationError for a schedule both the app and the schedules table define."""
         database = self._store.database
         try:
             if self._settings.migrate:
                 database.upgrade()
             else:
                 database.probe()
+            self._engine.live.check()
         except StoreError as exc:
             if exc.check is None:
                 return
@@ -112,7 +114,6 @@ class VoltroScheduler(beat.Scheduler):
             return
         settings = Settings.resolve(self.app.conf, overrides=self._overrides)
         schedule = load_schedule(self.app, settings)
-        entries = list(schedule.entries.values())
         database = Database.open(settings.store_url)
         clock = Clock(database.clock_mode(settings.clock), local=lambda: database.clock())
         store = BeatStore(database, replica=settings.replica)
@@ -126,11 +127,7 @@ class VoltroScheduler(beat.Scheduler):
             store=store,
             publisher=self.publisher_class(self.app, write_timeout=settings.publish_timeout * 3),
             clock=clock,
-            overlap_timeouts={
-                entry.name: self._overlap_timeout(entry)
-                for entry in entries
-                if entry.on_overlap != "allow"
-            },
+            overlap_timeout=self._overlap_timeout,
             metrics=self._metrics,
             singletons=Singletons(load_singletons(self.app, settings), store, settings),
         )

@@ -67,11 +67,7 @@ class SimReplica:
             store=beat_store,
             publisher=broker.publisher(process, settings.publish_timeout * 3),
             clock=self.clock,
-            overlap_timeouts={
-                e.name: e.overlap_timeout or DEFAULT_OVERLAP_TIMEOUT
-                for e in entries.values()
-                if e.on_overlap != "allow"
-            },
+            overlap_timeout=lambda e: e.overlap_timeout or DEFAULT_OVERLAP_TIMEOUT,
             runner=SimRunner(process),
         )
         self.engine.dispatch.chunk = chunk

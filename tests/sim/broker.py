@@ -116,6 +116,9 @@ class SimPublisher:
         self.world = broker.world
         self.write_timeout = write_timeout
 
+    def forget(self, name: str) -> None:
+        pass
+
     def prepare(self, entries: Sequence[Entry]) -> None:
         """Nothing to build."""
 

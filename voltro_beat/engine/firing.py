@@ -19,7 +19,7 @@ through its runner (:mod:`voltro_beat.runner`): a simulation drives it on a virt
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from importlib.metadata import version
 
@@ -29,6 +29,7 @@ from voltro_beat.coordination import Coordination
 from voltro_beat.dispatch import Dispatcher
 from voltro_beat.engine.gate import Gate
 from voltro_beat.engine.guard import Guard
+from voltro_beat.engine.live import POLL, Change, Live
 from voltro_beat.engine.ownership import Ownership
 from voltro_beat.engine.ready import NEVER, Ready
 from voltro_beat.engine.recorder import Recorder, graces
@@ -79,14 +80,17 @@ class Engine:
         store: BeatStore,
         publisher: Publisher,
         clock: Clock,
-        overlap_timeouts: Mapping[str, timedelta],
+        overlap_timeout: Callable[[Entry], timedelta],
         metrics: Metrics | None = None,
         runner: Runner | None = None,
         singletons: Singletons | None = None,
     ) -> None:
         """Raises :class:`~voltro_beat.exceptions.ConfigurationError` for settings or entries
         the retention policies contradict (:func:`voltro_beat.engine.upkeep.policies`).
-        Of ``entries``, it fires those of its group (``settings.group``)."""
+        Of ``entries`` (the app's) and the schedules table's, it fires those of its group
+        (``settings.group``); ``overlap_timeout`` is how long a run of a ``skip`` or ``queue``
+        entry blocks the next one."""
+        self.live = Live(store.database, settings, entries)
         others = [e for e in entries.values() if e.group != settings.group]
         entries = {n: e for n, e in entries.items() if e.group == settings.group}
         self.settings = settings
@@ -104,7 +108,15 @@ class Engine:
         self.dispatch = Dispatcher(
             store, publisher, entries, self.lease, clock, self.metrics, runner=runner
         )
-        self.guard = Guard(store, entries, overlap_timeouts, self.metrics)
+        self._overlap_timeout = overlap_timeout
+        #: Schedules of the table that no longer fire here (removed, disabled, moved to
+        #: another group): known still, for the runs they have claimed already.
+        self.silent: set[str] = set()
+        #: Per ``skip`` / ``queue`` schedule: how long a live run blocks the next one.
+        self.overlap = {
+            e.name: overlap_timeout(e) for e in entries.values() if e.on_overlap != "allow"
+        }
+        self.guard = Guard(store, entries, self.overlap, self.metrics)
         self.recorder = Recorder(
             store,
             entries,
@@ -115,18 +127,9 @@ class Engine:
             self.metrics,
         )
         cluster = settings.coordination is Coordination.CLUSTER
-        self.gate = Gate(
-            membership,
-            Ownership(store, settings, entries, self.metrics) if cluster else None,
-            singletons,
-        )
-        ahead = len(entries) - len(overlap_timeouts)
-        self.timeline = Timeline(
-            min(LEAD_MAX, LEAD_MIN + CLAIM_COST * ahead),
-            self.lease,
-            overlap_timeouts.keys(),
-            self.gate.deferred,
-        )
+        self.ownership = Ownership(store, settings, entries, self.metrics) if cluster else None
+        self.gate = Gate(membership, self.ownership, singletons)
+        self.timeline = Timeline(self._lead(), self.lease, self.overlap.keys(), self.gate.deferred)
         self.unserved = Unserved(store, others, settings.coordination, self.lease, self.metrics)
         self.upkeep = Upkeep(
             settings=settings,
@@ -146,6 +149,7 @@ class Engine:
         #: What this replica won ahead: fenced shortly before its instant, published at it.
         self.ready = Ready(self.dispatch, clock, self.timeline, self.lease)
         self._next_heartbeat = LONG_AGO
+        self._next_poll = LONG_AGO
         #: When this replica first joined the registry (a boot retried joins again).
         self._started: datetime | None = None
 
@@ -179,6 +183,8 @@ class Engine:
         # What is due first (the heartbeat before claims: it says which schedules are
         # yielded to a newer replica); the rest of the step is upkeep.
         self.ready.publish()
+        if clock.now() >= self._next_poll:
+            self._follow_table(boot=False)
         if clock.now() >= self._next_heartbeat:
             changed, gained = self.gate.beat()
             if changed:
@@ -200,6 +206,7 @@ class Engine:
         record catch-up per entry, and fill the timeline."""
         if self.settings.migrate:
             self.store.database.upgrade()
+        self._follow_table(boot=True)
         taken = self.gate.join()
         self._next_heartbeat = self.clock.now() + self.membership.interval
         # A schedule with no history starts from now: nothing historical fires on a first boot.
@@ -212,13 +219,56 @@ class Engine:
             self._owe(taken, self.clock.now(), taken_over=False)
         self._catch_up()
         for entry in self.entries.values():
-            if entry.trigger != "beat":
+            if entry.trigger != "beat" or entry.name in self.silent:
                 continue
             first = next_after(entry.spec, self._started)
             if first is not None:
                 self.timeline.push(Pending(entry, [first]))
         self.booted = True
         self.upkeep.prepare(self.timeline)
+
+    def _follow_table(self, *, boot: bool) -> None:
+        """Apply what changed in the schedules table (:mod:`voltro_beat.engine.live`): at boot
+        before the catch-up and the timeline, which then take the table's schedules as the
+        app's; later, each from the first occurrence of its new definition after its change."""
+        newest, changes = self.live.changes()
+        for change in changes:
+            self._apply(change, boot=boot)
+        self.live.applied = self.membership.revision = newest
+        self._next_poll = self.clock.now() + POLL
+        if changes:
+            self.timeline.lead = self._lead()
+            self.membership.follow()
+
+    def _apply(self, change: Change, *, boot: bool) -> None:
+        name, entry = change.name, change.entry
+        self.timeline.drop(name)
+        self.publisher.forget(name)
+        self.membership.table.discard(name)
+        if entry is None or entry.group != self.settings.group:
+            # Its last definition stays known: runs claimed already publish and are recovered.
+            self.overlap.pop(name, None)
+            if name in self.entries:
+                self.silent.add(name)
+            return
+        since = change.since or self.clock.now()
+        self.entries[name] = entry
+        self.membership.table.add(name)
+        self.recorder.track(entry, since)
+        if self.ownership is not None:
+            self.ownership.track(name)
+        self.overlap.pop(name, None)
+        if entry.on_overlap != "allow":
+            self.overlap[name] = self._overlap_timeout(entry)
+        first = next_after(entry.spec, since)
+        self.silent.discard(name)
+        if not boot and entry.trigger == "beat" and first is not None:
+            self.timeline.push(Pending(entry, [first]))
+
+    def _lead(self) -> timedelta:
+        """How far ahead of its instant an occurrence is claimed (LEAD_MIN, CLAIM_COST)."""
+        ahead = len(self.entries) - len(self.overlap) - len(self.silent)
+        return min(LEAD_MAX, LEAD_MIN + CLAIM_COST * ahead)
 
     def _fire_due(self, now: datetime) -> None:
         """Record the occurrences whose claim time has come (their instant minus the lead),
@@ -250,7 +300,11 @@ class Engine:
         `voltro-beat trigger` alone: no catch-up (its untriggered occurrences stay gaps)."""
         live = self.membership.live_since
         self.recorder.owe(
-            [self.entries[n] for n in names if self.entries[n].trigger == "beat"],
+            [
+                self.entries[n]
+                for n in names
+                if self.entries[n].trigger == "beat" and n not in self.silent
+            ],
             now,
             live,
             live if taken_over else None,
@@ -272,7 +326,12 @@ class Engine:
         return self._next_due() - self.clock.now() >= PREPARE_MARGIN
 
     def _wake(self, now: datetime) -> datetime:
-        wake = min(self.upkeep.wake(now, self._room()), self._next_heartbeat, self._next_due())
+        wake = min(
+            self.upkeep.wake(now, self._room()),
+            self._next_heartbeat,
+            self._next_poll,
+            self._next_due(),
+        )
         if self.guard.queues:
             # A queued run starts within a second of its predecessor finishing, whichever
             # replica queued it (that one may be gone).

@@ -37,9 +37,12 @@ class Guard:
         self._entries = entries
         #: Per ``skip`` / ``queue`` schedule: how long a live run blocks the next one.
         self.timeouts = timeouts
-        #: The ``queue`` schedules, whose queued runs wait for their predecessor.
-        self.queues = [name for name in timeouts if entries[name].on_overlap == "queue"]
         self._metrics = metrics
+
+    @property
+    def queues(self) -> list[str]:
+        """The ``queue`` schedules, whose queued runs wait for their predecessor."""
+        return [name for name in self.timeouts if self._entries[name].on_overlap == "queue"]
 
     def apply(self, runs: list[Run], now: datetime) -> list[Run]:
         """``runs`` with those of guarded schedules that have a live predecessor turned

@@ -54,6 +54,10 @@ class Ownership:
         self.released: dict[str, datetime] = {}
         self._said: set[tuple[str, int]] = set()
 
+    def track(self, name: str) -> None:
+        """Give schedule ``name`` (new from the schedules table) its shard."""
+        self.shard_of[name] = shard_of(self.group, name, self.count)
+
     def holds(self, name: str) -> bool:
         """Whether this replica owns the shard of schedule ``name``."""
         return self.shard_of[name] in self.held

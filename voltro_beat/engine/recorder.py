@@ -61,7 +61,10 @@ class Recorder:
         self._coordination = coordination
         self._lease = lease
         #: Per schedule: claims older than this much before a won occurrence are pruned.
-        self._graces = graces
+        self._graces = dict(graces)
+        #: Per schedule of the schedules table: its last change, before which no catch-up
+        #: looks (enabling it again fires nothing for the time it was disabled).
+        self._floors: dict[str, datetime] = {}
         self._metrics = metrics
         #: Catch-ups owed (:meth:`owe`), oldest first, kept until recorded.
         self._owed: collections.deque[_Owed] = collections.deque()
@@ -114,6 +117,11 @@ class Recorder:
         self._summarise(recorded)
         return won_claims
 
+    def track(self, entry: Entry, floor: datetime) -> None:
+        """Record ``entry`` (of the schedules table, changed at ``floor``) from now on."""
+        self._graces.update(graces([entry]))
+        self._floors[entry.name] = floor
+
     def owe(
         self,
         entries: list[Entry],
@@ -159,9 +167,13 @@ class Recorder:
         last = self._store.last_scheduled([e.name for e in entries])
         backfill: list[Run] = []
         for entry in entries:
+            start = last.get(entry.name, (since or {}).get(entry.name))
+            floor = self._floors.get(entry.name)
+            if floor is not None and (start is None or start < floor):
+                start = floor
             plan = catchup.plan(
                 entry,
-                last.get(entry.name, (since or {}).get(entry.name)),
+                start,
                 now,
                 on_time=self._lease,
                 live_since=live_since.get(entry.name),

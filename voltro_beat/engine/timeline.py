@@ -82,6 +82,11 @@ class Timeline:
             due.append(heapq.heappop(self._heap)[2])
         return due
 
+    def drop(self, name: str) -> None:
+        """Take schedule ``name`` off the timeline (its definition changed)."""
+        self._heap = [item for item in self._heap if item[2].entry.name != name]
+        heapq.heapify(self._heap)
+
     def requeue(self) -> None:
         """Give every schedule its claim time again (the schedules deferred changed)."""
         self._heap = [(self._claim_time(p), seq, p) for _, seq, p in self._heap]

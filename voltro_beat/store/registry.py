@@ -28,6 +28,7 @@ _SUMMARY = (
     replicas.c.clock_offset,
     replicas.c.settings,
     replicas.c.schedules_digest,
+    replicas.c.schedules_revision,
 )
 
 
@@ -52,6 +53,7 @@ class Registry:
             "settings": json.dumps(dict(me.settings), sort_keys=True),
             "schedules": json.dumps(dict(schedules), sort_keys=True),
             "schedules_digest": me.schedules_digest,
+            "schedules_revision": me.schedules_revision,
         }
         stmt = self.database.dialect.insert(replicas).values(row)
         stmt = stmt.on_conflict_do_update(
@@ -62,10 +64,11 @@ class Registry:
             conn.execute(stmt)
 
     def heartbeat(
-        self, name: str, clock_offset: float | None, within: timedelta
+        self, name: str, clock_offset: float | None, within: timedelta, revision: int = 0
     ) -> tuple[tuple[datetime, float, float], list[Replica]] | None:
         """Refresh ``last_seen`` and read who else is live (in one round trip on PostgreSQL).
 
+        ``revision``: the newest revision of the schedules table this replica applied.
         Returns a reading of the database's clock (the instant and the monotonic instants
         around the round trip, see ``Database.read_clock``) and the replicas seen within
         ``within``, oldest start first (without their schedules); None if this replica's row
@@ -74,7 +77,11 @@ class Registry:
         beat = (
             sa.update(replicas)
             .where(replicas.c.name == name)
-            .values(last_seen=self.database.statement_clock(), clock_offset=clock_offset)
+            .values(
+                last_seen=self.database.statement_clock(),
+                clock_offset=clock_offset,
+                schedules_revision=revision,
+            )
         )
         found = self.database.dialect.heartbeat(beat, lambda now: _live(now, within))
         if found is None:

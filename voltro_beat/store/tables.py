@@ -184,6 +184,8 @@ replicas = Table(
     # JSON {schedule name: hash of its definition}, and a hash of that map.
     Column("schedules", Text, nullable=False),
     Column("schedules_digest", Text, nullable=False),
+    # The newest revision of the schedules table it has applied (migration 0008).
+    Column("schedules_revision", Integer, nullable=False, server_default=text("0")),
 )
 
 #: Per swept table (``name``), the instant before which its rows may be gone: claims of older

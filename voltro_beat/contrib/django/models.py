@@ -144,6 +144,7 @@ class Replica(models.Model):
     settings = models.TextField()
     schedules = models.TextField()
     schedules_digest = models.TextField("schedules digest")
+    schedules_revision = models.IntegerField("schedules revision")
 
     class Meta:
         managed = False

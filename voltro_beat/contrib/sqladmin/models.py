@@ -62,6 +62,7 @@ class Replica(_Base):
     clock_offset: Mapped[float | None]
     settings: Mapped[str]
     schedules_digest: Mapped[str]
+    schedules_revision: Mapped[int]
 
     @property
     def live(self) -> bool:

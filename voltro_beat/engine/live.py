@@ -1,0 +1,115 @@
+"""The schedules table, followed live: what changed since the revision this replica applied.
+
+Every :data:`POLL` the engine asks the store for the changes numbered after the revision it
+applied (one indexed read, empty while nobody edits) and the rows they touched as they stand
+(:meth:`~voltro_beat.store.schedule_rows.ScheduleRows.changed_since`). Each changed schedule
+becomes the entry to fire from its change on, or None: removed, disabled, another group's,
+shadowed by the app's own entry (``voltro_beat_schedule_conflicts``), or a row that does not
+check (written around the API: logged at ERROR, once per revision). An edit takes effect from
+the first occurrence of the new definition after its commit, on the database's clock
+(docs/schedule-table.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from voltro_beat import definitions, logs
+from voltro_beat.config import Settings
+from voltro_beat.exceptions import ConfigurationError
+from voltro_beat.schedules import Entry
+from voltro_beat.store.database import Database
+from voltro_beat.store.schedule_rows import ScheduleRow, ScheduleRows
+
+logger = logging.getLogger(__name__)
+
+#: How often a replica reads what changed: an edit is applied by every live replica within
+#: about this long plus a step.
+POLL = timedelta(milliseconds=500)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What a replica fires of schedule ``name`` from ``since`` on: ``entry`` (None: nothing)."""
+
+    name: str
+    entry: Entry | None
+    #: The change's commit, on the database's clock (None for a removed row).
+    since: datetime | None
+
+
+class Live:
+    """The schedules table of ``database`` as one replica (``settings``) follows it; ``code``
+    holds the app's own entries."""
+
+    def __init__(self, database: Database, settings: Settings, code: Mapping[str, Entry]) -> None:
+        self.rows = ScheduleRows(database)
+        self._settings = settings
+        self._code = dict(code)
+        #: The newest revision applied (0: none yet).
+        self.applied = 0
+        #: (schedule, revision) of rows already said not to check.
+        self._said: set[tuple[str, int]] = set()
+
+    def changes(self) -> tuple[int, list[Change]]:
+        """The newest revision and what changed after :attr:`applied` (raises
+        :class:`~voltro_beat.exceptions.StoreError`); the caller applies them, then sets
+        :attr:`applied`."""
+        newest, rows = self.rows.changed_since(self.applied)
+        return newest, [self._change(name, row) for name, row in rows.items()]
+
+    def check(self) -> None:
+        """At boot: raise :class:`ConfigurationError` for a schedule that both the app and
+        the table define, unless ``voltro_beat_schedule_conflicts`` says which wins (raises
+        :class:`~voltro_beat.exceptions.StoreError` if the table cannot be read)."""
+        if self._settings.schedule_conflicts != "error" or not self._code:
+            return
+        both = sorted(self.rows.get(sorted(self._code)))
+        if both:
+            raise ConfigurationError(
+                "defined both in the app's beat_schedule and in the schedules table; remove "
+                "one, or set voltro_beat_schedule_conflicts to 'code' or 'table' to say which "
+                "wins",
+                entry=both[0],
+                field="name",
+            )
+
+    def _change(self, name: str, row: ScheduleRow | None) -> Change:
+        if row is None:  # removed: the app's entry of that name fires again, if any
+            return Change(name, self._code.get(name), None)
+        if name in self._code and self._settings.schedule_conflicts != "table":
+            self._say(
+                name,
+                row.revision,
+                "voltro_beat: schedule %s is defined by the app and in the schedules table "
+                "(revision %d): the app's definition fires (voltro_beat_schedule_conflicts)",
+            )
+            return Change(name, self._code[name], row.changed_at)
+        if not row.enabled:
+            return Change(name, None, row.changed_at)
+        try:
+            entry = definitions.check(
+                name,
+                row.definition,
+                tz=self._settings.timezone,
+                max_lateness=self._settings.max_lateness,
+            )
+        except ConfigurationError as exc:
+            self._say(
+                name,
+                row.revision,
+                "voltro_beat: the schedules table's row %s (revision %d) does not check, and "
+                "does not fire: %s",
+                exc,
+            )
+            return Change(name, None, row.changed_at)
+        return Change(name, entry, row.changed_at)
+
+    def _say(self, name: str, revision: int, message: str, *args: object) -> None:
+        """Log ``message`` at ERROR, once per schedule and revision."""
+        if (name, revision) not in self._said:
+            self._said.add((name, revision))
+            logger.error(message, name, revision, *args, extra=logs.fields(schedule=name))
