@@ -941,3 +941,9 @@ def _json_value(value: object) -> str:
     if isinstance(value, datetime):
         return value.isoformat()
     raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+# The schedules table's commands live in a module of their own, built on the helpers above.
+from voltro_beat.schedules_cli import schedules  # noqa: E402
+
+main.add_command(schedules)

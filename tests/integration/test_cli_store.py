@@ -82,6 +82,9 @@ def test_then_the_environment_then_the_app(
         ["trigger", "poll"],
         ["serve-trigger"],
         ["config"],
+        ["schedules", "ls"],
+        ["schedules", "add"],
+        ["schedules", "import"],
     ],
     ids=lambda command: " ".join(command[:2]),
 )
