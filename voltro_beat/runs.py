@@ -29,3 +29,6 @@ class Run:
     reason: str | None = None
     deadline: datetime | None = None
     since: datetime | None = None
+    #: The revision of the schedules table that fired it (None: the app's own entry, or an
+    #: operator's command). The store refuses it if its schedule changed before its instant.
+    revision: int | None = None

@@ -119,6 +119,8 @@ class Entry:
     trigger: str = "beat"
     #: The replicas that fire it: those of this group (``voltro_beat_group``).
     group: str = DEFAULT_GROUP
+    #: The revision of the schedules table it was defined at (None: the app's own entry).
+    revision: int | None = None
 
 
 def to_spec(

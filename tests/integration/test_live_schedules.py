@@ -142,3 +142,28 @@ def test_a_row_that_does_not_check_is_logged_and_does_not_fire(
     run([r1], 1.5, 3)
     assert fired(store_url, "broken") == []
     assert "row broken (revision 1) does not check" in caplog.text
+
+
+def test_a_replica_behind_on_the_table_cannot_fire_the_old_definition_after_the_change(
+    replicas: Any,
+    store_url: str,
+    edit: Callable[[datetime], ScheduleTable],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    r1, r2 = replicas("r1", schedule=HOURLY), replicas("r2", schedule=HOURLY)
+    run([r1, r2], 0, 1)
+    added = edit(sec(1.2)).add("live", EVERY_SECOND)
+    run([r1, r2], 1.5, 4)
+    # r2 stops reading the table (a slow poll, a pause): it still has every second.
+    monkeypatch.setattr(r2._engine.live, "changes", lambda: (r2._engine.live.applied, []))
+    edit(sec(4.2)).set(
+        "live", {**EVERY_SECOND, "schedule": "*/3 * * * * *"}, revision=added.revision
+    )
+    run([r2], 4.5, 9)
+    run([r1], 9.5, 10)
+    # r2's claims of 5, 7 and 8 (and its 6 and 9) were refused: the change came before them.
+    # r1 fired 6 and 9 of the new definition, late.
+    assert seconds(fired(store_url)) == [2, 3, 4, 6, 9]
+    revisions = {k: r.revision for k, r in rows(store_url).items() if r.schedule == "live"}
+    assert sorted(revisions.values()) == [1, 1, 1, 2, 2]
+    assert {r.replica for k, r in rows(store_url).items() if k.endswith((":06", ":09"))} == {"r1"}

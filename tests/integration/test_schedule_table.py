@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
+import sqlalchemy as sa
 
 from voltro_beat.config import Settings
+from voltro_beat.coordination import Coordination
 from voltro_beat.exceptions import ConfigurationError, EditRefused
+from voltro_beat.occurrences import Occurrence
+from voltro_beat.runs import Run
 from voltro_beat.schedule_table import ScheduleTable
+from voltro_beat.store import tables
+from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database
 
 REPORT = {"task": "proj.report", "schedule": "*/5 * * * *", "kwargs": {"team": "ops"}}
@@ -145,3 +151,35 @@ def test_durations_and_anchor_are_written_as_json(table: ScheduleTable) -> None:
     entry = table.entry("paced", table.rows.all()[0].definition)
     assert entry.max_lateness == timedelta(seconds=120)
     assert entry.on_overlap == "skip"
+
+
+@pytest.mark.parametrize("coordination", [Coordination.ADVISORY_LOCK, Coordination.SINGLE])
+def test_the_store_refuses_a_run_whose_schedule_changed_before_its_instant(
+    table: ScheduleTable, url: str, coordination: Coordination
+) -> None:
+    store = BeatStore(Database.open(url), replica="r1")
+    added = table.add("report", REPORT)
+    changed = table.set("report", {**REPORT, "schedule": "0 * * * *"}, revision=added.revision)
+    far = changed.changed_at + timedelta(days=1)
+    before = changed.changed_at - timedelta(seconds=1)
+
+    def run(name: str, at: datetime, revision: int | None) -> Run:
+        at = at.replace(microsecond=0)
+        return Run(Occurrence.of(name, at), "proj.report", revision=revision)
+
+    runs = [
+        run("report", far, added.revision),  # the old definition, after the change: refused
+        run("report", before, added.revision),  # the old definition, before it: recorded
+        run("report", far + timedelta(hours=1), changed.revision),  # the new one: recorded
+        run("from-code", far, None),  # the app's own entry: no revision, no fence
+    ]
+    won = store.claim(runs, coordination=coordination, lease=timedelta(seconds=30))
+    assert won == {r.occurrence.key for r in runs[1:]}
+    with store.database.connect() as conn:
+        recorded = dict(conn.execute(sa.select(tables.runs.c.id, tables.runs.c.revision)).all())
+    assert recorded == {
+        runs[1].occurrence.key: added.revision,
+        runs[2].occurrence.key: changed.revision,
+        runs[3].occurrence.key: None,
+    }
+    store.close()

@@ -239,6 +239,7 @@ class Engine:
         if changes:
             self.timeline.lead = self._lead()
             self.membership.follow()
+            self._next_heartbeat = self.clock.now()  # the registry says so at once
 
     def _apply(self, change: Change, *, boot: bool) -> None:
         name, entry = change.name, change.entry

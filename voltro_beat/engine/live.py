@@ -12,6 +12,7 @@ the first occurrence of the new definition after its commit, on the database's c
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -106,7 +107,7 @@ class Live:
                 exc,
             )
             return Change(name, None, row.changed_at)
-        return Change(name, entry, row.changed_at)
+        return Change(name, dataclasses.replace(entry, revision=row.revision), row.changed_at)
 
     def _say(self, name: str, revision: int, message: str, *args: object) -> None:
         """Log ``message`` at ERROR, once per schedule and revision."""

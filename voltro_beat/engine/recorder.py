@@ -6,6 +6,7 @@ the catch-ups owed (at boot, or for a shard just taken), kept until recorded.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -76,7 +77,7 @@ class Recorder:
         coordination); return the occurrences won to publish."""
         # Sorted by key, every replica locks the keys in the same order: no deadlock between
         # claim statements.
-        runs = sorted(self._guard.apply(runs, now), key=lambda r: r.occurrence.key)
+        runs = sorted(self._guard.apply(_revised(runs, self._entries), now), key=_key)
         won_claims: list[Occurrence] = []
         recorded: dict[tuple[str, str, str | None], list[datetime]] = collections.defaultdict(list)
         for i in range(0, len(runs), BATCH):
@@ -219,6 +220,20 @@ class Recorder:
                 policy,
                 extra=logs.fields(schedule=name, count=len(instants), status=status, reason=reason),
             )
+
+
+def _key(run: Run) -> str:
+    return run.occurrence.key
+
+
+def _revised(runs: list[Run], entries: Mapping[str, Entry]) -> list[Run]:
+    """``runs`` with the revision of the schedules table that fires them, if any."""
+    return [
+        run
+        if (revision := entries[run.occurrence.schedule].revision) is None
+        else dataclasses.replace(run, revision=revision)
+        for run in runs
+    ]
 
 
 def graces(entries: Iterable[Entry]) -> dict[str, timedelta]:

@@ -28,7 +28,14 @@ from voltro_beat.runs import Run
 from voltro_beat.shards import Tenure
 from voltro_beat.status import Status
 from voltro_beat.store.dialect import Dialect, chunks
-from voltro_beat.store.tables import CLAIMS, RUNS, SHARDS, WATERMARKS, replicas
+from voltro_beat.store.tables import (
+    CLAIMS,
+    RUNS,
+    SCHEDULE_CHANGES,
+    SHARDS,
+    WATERMARKS,
+    replicas,
+)
 
 if TYPE_CHECKING:
     from voltro_beat.store.database import Database
@@ -51,20 +58,27 @@ WITH input AS (
     SELECT e->>0 AS id, e->>1 AS schedule, e->>2 AS task, e->>3 AS task_id,
            CAST(e->>4 AS timestamptz) AS scheduled_at, e->>5 AS status, e->>6 AS reason,
            CAST(e->>7 AS timestamptz) AS prune_before, CAST(e->>8 AS timestamptz) AS deadline,
-           CAST(e->>9 AS integer) AS shard, CAST(e->>10 AS integer) AS epoch
+           CAST(e->>9 AS integer) AS shard, CAST(e->>10 AS integer) AS epoch,
+           CAST(e->>11 AS integer) AS revision
     FROM json_array_elements(CAST(:rows AS json)) AS e
     -- Older than a run row the retention swept: refused (BeatStore.delete_expired).
     WHERE CAST(e->>4 AS timestamptz) >= COALESCE(
         (SELECT w.before FROM {WATERMARKS} w WHERE w.name = '{RUNS}'), '-infinity')
+    -- Of a revision of the schedules table its schedule changed from before its instant:
+    -- refused, the change decides from then on (docs/schedule-table.md).
+      AND (e->>11 IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {SCHEDULE_CHANGES} c
+        WHERE c.name = e->>1 AND c.revision > CAST(e->>11 AS integer)
+          AND c.changed_at < CAST(e->>4 AS timestamptz)))
 )"""
 
 # A claimed row's lease runs from its instant (claimed ahead) or from now (claimed late).
 _RUNS_INSERT = f"""
     INSERT INTO {RUNS}
         (id, schedule, task, task_id, scheduled_at, coordination_outcome, status, reason,
-         replica, claimed_at, deadline, shard, epoch, lease_until)
+         replica, claimed_at, deadline, shard, epoch, revision, lease_until)
     SELECT i.id, i.schedule, i.task, i.task_id, i.scheduled_at, :outcome, i.status, i.reason,
-           :replica, clock_timestamp(), i.deadline, i.shard, i.epoch,
+           :replica, clock_timestamp(), i.deadline, i.shard, i.epoch, i.revision,
            CASE WHEN i.status = {_CLAIMED}
                 THEN GREATEST(i.scheduled_at, clock_timestamp()) + make_interval(secs => :lease)
            END
@@ -262,6 +276,7 @@ class PostgreSQL(Dialect):
                     None if grace is None else (o.scheduled_at - grace).isoformat(),
                     None if run.deadline is None else run.deadline.isoformat(),
                     *held.get(o.schedule, (None, None)),
+                    run.revision,
                 ]
             )
         params: dict[str, Any] = {

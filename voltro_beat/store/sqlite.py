@@ -8,6 +8,7 @@ a chunk of rows per statement: no other writer acts between them.
 
 from __future__ import annotations
 
+import collections
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,7 +27,16 @@ from voltro_beat.runs import Run
 from voltro_beat.shards import Tenure
 from voltro_beat.status import Status
 from voltro_beat.store.dialect import SQLITE_CHUNK, Dialect, chunks
-from voltro_beat.store.tables import RUNS, claims, instant, replicas, runs, shards, watermarks
+from voltro_beat.store.tables import (
+    RUNS,
+    claims,
+    instant,
+    replicas,
+    runs,
+    schedule_changes,
+    shards,
+    watermarks,
+)
 
 if TYPE_CHECKING:
     from voltro_beat.store.database import Database
@@ -143,6 +153,7 @@ class SQLite(Dialect):
                     )
                 }
                 batch = [r for r in batch if held.get(r.occurrence.schedule) in current]
+            batch = _current(conn, batch)
             for chunk in chunks(batch, SQLITE_CHUNK):
                 if gated:
                     rows = [
@@ -288,6 +299,34 @@ class SQLite(Dialect):
         return sa.func.round((sa.func.julianday(later) - sa.func.julianday(earlier)) * 86400.0, 3)
 
 
+def _current(conn: Connection, batch: Sequence[Run]) -> Sequence[Run]:
+    """``batch`` less the runs of a revision of the schedules table whose schedule changed
+    before their instant: the change decides from then on (docs/schedule-table.md)."""
+    revisions = [r.revision for r in batch if r.revision is not None]
+    if not revisions:
+        return batch
+    revised = {r.occurrence.schedule for r in batch if r.revision is not None}
+    changed: dict[str, list[tuple[int, datetime]]] = collections.defaultdict(list)
+    stmt = sa.select(
+        schedule_changes.c.name, schedule_changes.c.revision, schedule_changes.c.changed_at
+    ).where(
+        schedule_changes.c.name.in_(sa.bindparam("names", expanding=True)),
+        schedule_changes.c.revision > min(revisions),
+    )
+    for names in chunks(sorted(revised), SQLITE_CHUNK):
+        for name, revision, at in conn.execute(stmt, {"names": list(names)}):
+            changed[name].append((revision, at))
+    return [
+        r
+        for r in batch
+        if r.revision is None
+        or not any(
+            revision > r.revision and at < r.occurrence.scheduled_at
+            for revision, at in changed[r.occurrence.schedule]
+        )
+    ]
+
+
 def _run_row(
     run: Run,
     outcome: Outcome,
@@ -302,6 +341,7 @@ def _run_row(
     return {
         "shard": shard,
         "epoch": epoch,
+        "revision": run.revision,
         "id": o.key,
         "schedule": o.schedule,
         "task": run.task,

@@ -138,6 +138,9 @@ runs = Table(
     # at (NULL otherwise; migration 0007).
     Column("shard", Integer),
     Column("epoch", Integer),
+    # The revision of the schedules table that fired it (NULL: the app's own entry, or an
+    # operator's command; migration 0008).
+    Column("revision", Integer),
     Index("ix_voltro_runs_schedule_at", "schedule", "scheduled_at"),
     # Newest first (the retention sweep, `voltro-beat runs`, the admin's pages), also within
     # one status or coordination outcome (the admin's filters); the key breaks ties.

@@ -2,7 +2,8 @@
 
 ``_voltro_beat_schedules``: one row per schedule defined in the database rather than in the
 app's ``beat_schedule`` (its definition as JSON, whether it fires, the revision of its last
-change). The registry's ``schedules_revision``: the newest revision each replica applied.
+change). A run row's ``revision``: the revision that fired it. The registry's
+``schedules_revision``: the newest revision each replica applied.
 ``_voltro_beat_schedule_changes``: one row per change, numbered by a revision that
 grows with every change of any schedule, with the row before and after.
 
@@ -26,6 +27,7 @@ depends_on = None
 SCHEDULES = "_voltro_beat_schedules"
 SCHEDULE_CHANGES = "_voltro_beat_schedule_changes"
 REPLICAS = "_voltro_beat_replicas"
+RUNS = "_voltro_schedule_runs"
 
 
 def upgrade() -> None:
@@ -50,6 +52,8 @@ def upgrade() -> None:
         sa.Column("changed_at", UTCDateTime, nullable=False),
     )
     op.create_index("ix_voltro_schedule_changes_name", SCHEDULE_CHANGES, ["name", "revision"])
+    # NULL for the app's own entries: their rows stay as small as before.
+    op.add_column(RUNS, sa.Column("revision", sa.Integer))
     op.add_column(
         REPLICAS,
         sa.Column("schedules_revision", sa.Integer, nullable=False, server_default=sa.text("0")),
@@ -59,6 +63,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     with op.batch_alter_table(REPLICAS) as batch:
         batch.drop_column("schedules_revision")
+    with op.batch_alter_table(RUNS) as batch:
+        batch.drop_column("revision")
     op.drop_index("ix_voltro_schedule_changes_name", SCHEDULE_CHANGES)
     op.drop_table(SCHEDULE_CHANGES)
     op.drop_table(SCHEDULES)
