@@ -9,6 +9,7 @@ replica is exactly that.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -31,7 +32,7 @@ import sqlalchemy as sa
 from kombu import Connection
 
 from voltro_beat.occurrences import occurrence_key, occurrences_between, task_id_for
-from voltro_beat.schedules import Entry, parse_entries
+from voltro_beat.schedules import Entry, parse_entries, to_spec
 from voltro_beat.store.tables import runs as runs_table
 
 HERE = Path(__file__).resolve().parent
@@ -633,6 +634,97 @@ def problems_exactly_once(
         if run.task_id != task_id_for(key) or any(e.task_id != run.task_id for e in ran):
             problems.append(f"{key}: task ids {[e.task_id for e in ran]} vs run {run.task_id}")
     return problems
+
+
+@dataclass(frozen=True)
+class TableChange:
+    """One change of a schedule of the schedules table: its revision, its commit, and its
+    cron string after it (None: disabled or removed)."""
+
+    revision: int
+    changed_at: datetime
+    cron: str | None
+
+
+def read_changes(store_url: str) -> dict[str, list[TableChange]]:
+    """Every change of the schedules table, by schedule, oldest first."""
+    engine = sa.create_engine(store_url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT name, revision, changed_at, after FROM _voltro_beat_schedule_changes"
+                    " ORDER BY revision"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    found: dict[str, list[TableChange]] = {}
+    for name, revision, changed_at, after in rows:
+        row = json.loads(after) if after else None
+        cron = row["definition"]["schedule"] if row and row["enabled"] else None
+        found.setdefault(name, []).append(TableChange(revision, changed_at, cron))
+    return found
+
+
+def _live_at(changes: Sequence[TableChange], at: datetime) -> TableChange | None:
+    before = [c for c in changes if c.changed_at < at]
+    return before[-1] if before else None
+
+
+def table_keys(name: str, changes: Sequence[TableChange], until: datetime) -> list[str]:
+    """The occurrences a schedule of the table owes: each definition's instants from one
+    second after its commit (every replica applied it by then) to the next change."""
+    keys = []
+    for change, following in zip(changes, [*changes[1:], None], strict=True):
+        if change.cron is None:
+            continue
+        end = until if following is None else following.changed_at
+        spec = to_spec(change.cron)
+        start = change.changed_at + timedelta(seconds=1)
+        keys += [occurrence_key(name, at) for at in occurrences_between(spec, start, end)]
+    return keys
+
+
+def problems_revisions(
+    name: str,
+    changes: Sequence[TableChange],
+    runs: Mapping[str, Run],
+    revisions: Mapping[str, int | None],
+) -> list[str]:
+    """What breaks "each run of ``name`` was fired by the definition live at its instant, or
+    by the one live when it was claimed (claimed ahead of a change), and is an instant of
+    that definition"."""
+    problems = []
+    by_revision = {c.revision: c for c in changes}
+    for key, run in runs.items():
+        if run.schedule != name:
+            continue
+        at = scheduled_at(key)
+        allowed = {
+            c.revision
+            for c in (_live_at(changes, at), _live_at(changes, run.claimed_at or at))
+            if c is not None
+        }
+        fired = by_revision.get(revisions.get(key) or 0)
+        if fired is None or fired.revision not in allowed:
+            problems.append(f"{key}: revision {revisions.get(key)}, live then: {sorted(allowed)}")
+        elif fired.cron is None:
+            problems.append(f"{key}: fired by revision {fired.revision}, which is disabled")
+        elif at not in occurrences_between(to_spec(fired.cron), at, at + timedelta(seconds=1)):
+            problems.append(f"{key}: not an instant of {fired.cron!r} (revision {fired.revision})")
+    return problems
+
+
+def read_revisions(store_url: str) -> dict[str, int | None]:
+    """Each run row's ``revision`` (the schedules table's revision that fired it)."""
+    engine = sa.create_engine(store_url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(sa.text("SELECT id, revision FROM _voltro_schedule_runs"))
+            return {key: revision for key, revision in found}
+    finally:
+        engine.dispose()
 
 
 def problems_no_duplicates(executions: Sequence[Execution]) -> list[str]:
