@@ -59,7 +59,11 @@ class Live:
         """The newest revision and what changed after :attr:`applied` (raises
         :class:`~voltro_beat.exceptions.StoreError`); the caller applies them, then sets
         :attr:`applied`."""
-        newest, rows = self.rows.changed_since(self.applied)
+        if self.applied == 0:  # the first read: every row, not the whole history
+            newest = self.rows.revision()
+            rows: Mapping[str, ScheduleRow | None] = {r.name: r for r in self.rows.all()}
+        else:
+            newest, rows = self.rows.changed_since(self.applied)
         return newest, [self._change(name, row) for name, row in rows.items()]
 
     def check(self) -> None:
