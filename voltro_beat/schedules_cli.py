@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from voltro_beat import definitions
+from voltro_beat import definitions, periodic_tasks
 from voltro_beat.beat_schedule import load_schedule
 from voltro_beat.cli import _app, _errors, _open, _settings_options, _stamp
 from voltro_beat.config import Settings
@@ -258,22 +258,41 @@ def export(settings: Settings, as_python: bool) -> None:
 
 
 @schedules.command("import")
+@click.option(
+    "--django-celery-beat",
+    "dcb_url",
+    default=None,
+    metavar="URL",
+    help="Import django-celery-beat's periodic tasks from this database (a SQLAlchemy URL: "
+    "postgresql://..., sqlite:///...) instead of the app's beat_schedule.",
+)
 @click.option("--by", default=None, help="Who makes the change (default: this OS user).")
-@_settings_options(app_required=True)
-def import_(settings: Settings, by: str | None) -> None:
-    """Add the app's (-A) beat_schedule entries to the table; the app keeps defining them
-    until they are removed from its code (set voltro_beat_schedule_conflicts meanwhile)."""
-    app = _app()
-    assert app is not None
-    raw = dict(app.conf.beat_schedule or {})
+@_settings_options()
+def import_(settings: Settings, dcb_url: str | None, by: str | None) -> None:
+    """Add the app's (-A) beat_schedule entries, or django-celery-beat's periodic tasks, to
+    the table; a name the table has already is left as it is. The app keeps defining its
+    entries until they are removed from its code (set voltro_beat_schedule_conflicts
+    meanwhile)."""
     with _table(settings) as table:
-        table.code = frozenset()  # the app defines them all: that is what is imported
+        table.code = frozenset()  # the app defines them: that is what is imported
         existing = {r.name for r in table.rows.all()}
+        if dcb_url is None:
+            app = _app()
+            if app is None:
+                raise click.ClickException("import needs the app (-A) or --django-celery-beat")
+            found = [
+                periodic_tasks.Imported(name, definitions.from_entry(name, raw), True)
+                for name, raw in (app.conf.beat_schedule or {}).items()
+            ]
+        else:
+            found = list(periodic_tasks.read(dcb_url, now=table.database.time()))
         added = 0
-        for name, entry in raw.items():
-            if name in existing:
-                click.echo(f"{name}: in the table already, left as it is")
-                continue
-            table.add(name, definitions.from_entry(name, entry), by=_who(by))
-            added += 1
+        for task in found:
+            if task.name in existing:
+                click.echo(f"{task.name}: in the table already, left as it is")
+            elif task.definition is None:
+                click.echo(f"{task.name}: not imported: {task.skipped}")
+            else:
+                table.add(task.name, task.definition, by=_who(by), enabled=task.enabled)
+                added += 1
     click.echo(f"{added} schedules added")
