@@ -1,4 +1,5 @@
-"""Read-only admin pages: runs, claims, replicas, and the schedules overview.
+"""Read-only admin pages: runs, claims, replicas, and the schedules overview; and the
+schedules table, edited (:mod:`voltro_beat.contrib.django.stored`).
 
 Nobody may add, change or delete a row, superusers included (the tables are beat's and the
 workers'); staff users see the pages with the ``voltro_beat.view_run`` / ``view_claim`` /
@@ -60,7 +61,9 @@ from voltro_beat.contrib.django.models import (
     Schedule,
     Shard,
     SingletonState,
+    StoredSchedule,
 )
+from voltro_beat.contrib.django.stored import StoredScheduleAdmin
 from voltro_beat.replicas import Replica as Summary
 from voltro_beat.replicas import lives
 from voltro_beat.status import ON_WORKER, Status
@@ -460,3 +463,6 @@ def _recent(schedule: str) -> list[overview.Recent]:
         "id", "status", "reason", "scheduled_at", "published_at"
     )[: overview.RECENT]
     return [overview.Recent(*row) for row in rows]
+
+
+admin.site.register(StoredSchedule, StoredScheduleAdmin)

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from voltro_beat.contrib.display import OUTCOMES
 from voltro_beat.status import Status
-from voltro_beat.store.tables import CLAIMS, REPLICAS, RUNS, SHARDS, SINGLETONS
+from voltro_beat.store.tables import CLAIMS, REPLICAS, RUNS, SCHEDULES, SHARDS, SINGLETONS
 
 _PERIODS = ("year", "month", "day")
 
@@ -202,3 +202,26 @@ class SingletonState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.singleton_group} {self.name}"
+
+
+class StoredSchedule(models.Model):
+    """A row of ``_voltro_beat_schedules``: a schedule kept in the database, edited through
+    :mod:`voltro_beat.contrib.schedule_forms` (never saved by Django itself)."""
+
+    name = models.TextField(primary_key=True)
+    schedule_group = models.TextField("group")
+    definition = models.TextField()
+    enabled = models.BooleanField(default=True)
+    revision = models.IntegerField()
+    changed_by = models.TextField("changed by")
+    changed_at = models.DateTimeField("changed at")
+
+    class Meta:
+        managed = False
+        db_table = SCHEDULES
+        ordering = ("name",)
+        verbose_name = "schedule in the database"
+        verbose_name_plural = "schedules in the database"
+
+    def __str__(self) -> str:
+        return str(self.name)

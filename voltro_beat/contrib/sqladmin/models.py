@@ -10,7 +10,15 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, column_property
 
 from voltro_beat import replicas as registry
 from voltro_beat.contrib.display import lag
-from voltro_beat.store.tables import UTCDateTime, claims, replicas, runs, shards, singletons
+from voltro_beat.store.tables import (
+    UTCDateTime,
+    claims,
+    replicas,
+    runs,
+    schedules,
+    shards,
+    singletons,
+)
 
 
 class _Base(DeclarativeBase):
@@ -86,3 +94,13 @@ class SingletonState(_Base):
     __table__ = singletons
     state: Mapped[str]
     error: Mapped[str | None]
+
+
+class StoredSchedule(_Base):
+    """A row of ``_voltro_beat_schedules``: a schedule kept in the database."""
+
+    __table__ = schedules
+    name: Mapped[str]
+    definition: Mapped[str]
+    enabled: Mapped[bool]
+    revision: Mapped[int]

@@ -99,5 +99,5 @@ def create_app(
         title="voltro_beat",
         authentication_backend=login,
     )
-    add_views(admin, celery_app=celery_app, stuck_after=stuck_after)
+    add_views(admin, celery_app=celery_app, stuck_after=stuck_after, store_url=store_url)
     return app

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from voltro_beat import replicas as registry
-from voltro_beat.contrib import overview
+from voltro_beat.contrib import overview, schedule_forms
 from voltro_beat.contrib.display import (
     COUNT_CAP,
     LATE,
@@ -47,6 +47,7 @@ from voltro_beat.contrib.display import (
     seconds_text,
 )
 from voltro_beat.contrib.sqladmin.models import Claim, Replica, Run, Shard, SingletonState
+from voltro_beat.contrib.sqladmin.stored import StoredScheduleAdmin
 from voltro_beat.status import ON_WORKER, Status
 from voltro_beat.store.reads import SCHEDULE_NAMES_SQL
 from voltro_beat.store.tables import UTCDateTime
@@ -426,12 +427,16 @@ def add_views(
     *,
     celery_app: str | None = None,
     stuck_after: timedelta = STUCK_AFTER,
+    store_url: str | None = None,
 ) -> None:
-    """Add the runs, claims, replicas, shards, singletons and schedules views to ``admin``.
+    """Add the runs, claims, replicas, shards, singletons, schedules and schedules-table views
+    to ``admin``.
 
     ``celery_app`` (``"proj.celery:app"``) lets the schedules view show each entry's next
     occurrences from the app's ``beat_schedule``; a run started ``stuck_after`` ago and not
-    finished is marked stuck.
+    finished is marked stuck. ``store_url`` (the store's, as beat's
+    ``voltro_beat_store_url``) makes the schedules table editable
+    (:mod:`voltro_beat.contrib.sqladmin.stored`).
     """
     loader = admin.templates.env.loader
     if not isinstance(loader, ChoiceLoader):
@@ -441,5 +446,12 @@ def add_views(
     SchedulesView.is_async = admin.is_async
     SchedulesView.celery_app = celery_app
     RunAdmin.stuck_after = stuck_after
-    for view in (RunAdmin, ClaimAdmin, ReplicaAdmin, ShardAdmin, SingletonAdmin, SchedulesView):
+    editable = store_url is not None
+    StoredScheduleAdmin.table = (
+        schedule_forms.open_table(store_url, celery_app) if store_url is not None else None
+    )
+    StoredScheduleAdmin.can_create = StoredScheduleAdmin.can_edit = editable
+    StoredScheduleAdmin.can_delete = editable
+    views = (RunAdmin, ClaimAdmin, ReplicaAdmin, ShardAdmin, SingletonAdmin, SchedulesView)
+    for view in (*views, StoredScheduleAdmin):
         admin.add_view(view)
