@@ -1,18 +1,25 @@
 """The schedules table edited in both admins (real servers, a real store): the same checks as
 ``voltro-beat schedules`` with the field named, the next instants before saving, an edit based
 on a stale revision refused, each change recorded with the admin's user; a user without the
-permissions cannot edit."""
+permissions cannot edit. The same walk in headless Chromium (its screenshots beside the
+others, ``conftest.screenshots``)."""
 
 from __future__ import annotations
 
 import html
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from admin_sites import DjangoSite, SqladminSite
+from admin_sites import PASSWORD, DjangoSite, SqladminSite
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.wait import WebDriverWait
+from test_browser import click, wait_for
 from vbt_harness import ProcessSet
 
 from voltro_beat.store.database import Database
@@ -134,3 +141,99 @@ def test_sqladmin_edits_through_the_table(tmp_path: Path, procs: ProcessSet, sto
     assert "at revision 3, not 1" in text_of(stale)
     assert admin.delete("/admin/stored-schedule/delete?pks=report").status_code == 200
     assert [c.action for c in rows(store).history("report")] == ["add", "set", "disable", "remove"]
+
+
+@dataclass(frozen=True)
+class Editing:
+    """Where one admin keeps what the edit walk uses."""
+
+    name: str
+    login: str
+    submit: str
+    add: str
+    save: str
+    preview: str
+    error: str
+    change: str
+
+
+DJANGO_EDIT = Editing(
+    name="django",
+    login="/admin/login/",
+    submit="input[type=submit]",
+    add="/admin/voltro_beat/storedschedule/add/",
+    save="input[name=_save]",
+    preview="input[name=_preview]",
+    error=".errorlist",
+    change="/admin/voltro_beat/storedschedule/report/change/",
+)
+SQLADMIN_EDIT = Editing(
+    name="sqladmin",
+    login="/admin/login",
+    submit="button[type=submit]",
+    add="/admin/stored-schedule/create",
+    save="input[value=Save]",
+    preview="input[value='Preview next instants']",
+    error=".alert-danger",
+    change="/admin/stored-schedule/edit/report",
+)
+
+
+def edit_walk(browser: Any, base: str, user: str, admin: Editing, shots: Path) -> None:
+    """Log in, add a schedule with a bad cron field (refused, the field named), preview the
+    fixed one, save it, open it (applied-by and its changes)."""
+    browser.get(base + admin.login)
+    wait_for(browser, "input[name=username]").send_keys(user)
+    browser.find_element(By.CSS_SELECTOR, "input[name=password]").send_keys(PASSWORD)
+    click(browser, admin.submit)
+    WebDriverWait(browser, 20).until(expected_conditions.url_changes(base + admin.login))
+    browser.get(base + admin.add)
+    wait_for(browser, "input[name=name]").send_keys("report")
+    definition = browser.find_element(By.CSS_SELECTOR, "textarea[name=definition]")
+    definition.send_keys(BAD)
+    click(browser, admin.save)
+    error = wait_for(browser, admin.error).text
+    assert "schedule 'report', field 'schedule'" in error, error
+    browser.save_screenshot(str(shots / f"{admin.name}-schedule-refused.png"))
+    definition = browser.find_element(By.CSS_SELECTOR, "textarea[name=definition]")
+    definition.clear()
+    definition.send_keys(GOOD)
+    click(browser, admin.preview)
+    # The refused page's error stays until the preview's page replaces it.
+    WebDriverWait(browser, 20).until(
+        expected_conditions.text_to_be_present_in_element(
+            (By.CSS_SELECTOR, admin.error), "Not saved. Next instants:"
+        )
+    )
+    browser.save_screenshot(str(shots / f"{admin.name}-schedule-preview.png"))
+    click(browser, admin.save)
+    WebDriverWait(browser, 20).until(expected_conditions.url_changes(base + admin.add))
+    browser.get(base + admin.change)
+    body = wait_for(browser, "body").text
+    assert "applied by 0 of 0 live replicas" in body or "add by" in body, body[:2000]
+    assert "add by" in body
+    browser.save_screenshot(str(shots / f"{admin.name}-schedule-edit.png"))
+
+
+def test_editing_in_chromium(
+    browser: Any, tmp_path: Path, procs: ProcessSet, store: str, screenshots: Path
+) -> None:
+    django = DjangoSite.create(
+        tmp_path / "project",
+        procs,
+        databases={
+            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "dj.db")},
+            "voltro": {"ENGINE": "django.db.backends.sqlite3", "NAME": store},
+        },
+        settings={
+            "VOLTRO_BEAT_DATABASE": "voltro",
+            "DATABASE_ROUTERS": ["voltro_beat.contrib.django.routers.VoltroBeatRouter"],
+        },
+    )
+    edit_walk(browser, django.base, "admin", DJANGO_EDIT, screenshots)
+    assert [r.changed_by for r in rows(store).all()] == ["admin"]
+    rows(store).write("report", "remove", expected=1, after=None, by="test")
+    sqladmin = SqladminSite.start(tmp_path, procs, f"sqlite:///{store}")
+    browser.delete_all_cookies()
+    edit_walk(browser, sqladmin.base, str(sqladmin.user), SQLADMIN_EDIT, screenshots)
+    assert [r.changed_by for r in rows(store).all()] == ["operator"]

@@ -11,9 +11,12 @@ Add the views to an admin of your own::
 ``sqladmin.Admin`` works too.)
 
 or run ``voltro-beat admin --store URL`` (:mod:`voltro_beat.contrib.sqladmin.server`) for a
-server of its own. Every view is read-only: creating, editing and deleting are refused (403).
+server of its own. Every view but one is read-only (creating, editing and deleting are refused,
+403): the schedules table, editable given ``add_views(admin, store_url=...)``
+(:mod:`voltro_beat.contrib.sqladmin.stored`).
 """
 
+from voltro_beat.contrib.sqladmin.stored import StoredScheduleAdmin
 from voltro_beat.contrib.sqladmin.views import (
     ClaimAdmin,
     ReplicaAdmin,
@@ -32,6 +35,7 @@ __all__ = [
     "SchedulesView",
     "ShardAdmin",
     "SingletonAdmin",
+    "StoredScheduleAdmin",
     "VoltroAdmin",
     "add_views",
 ]

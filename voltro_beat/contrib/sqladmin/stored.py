@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import anyio
 from sqladmin import ModelView
 from starlette.requests import Request
-from wtforms import HiddenField, TextAreaField
+from wtforms import HiddenField, StringField, TextAreaField
 from wtforms.validators import Optional
 
 from voltro_beat.contrib.display import instant_text
@@ -67,6 +67,7 @@ class StoredScheduleAdmin(ModelView, model=StoredSchedule):
     form_edit_rules: ClassVar[list[str]] = ["definition", "enabled", "revision"]
     form_include_pk = True
     form_overrides: ClassVar[dict[str, Any]] = {
+        "name": StringField,
         "definition": TextAreaField,
         "revision": HiddenField,
     }
@@ -74,8 +75,9 @@ class StoredScheduleAdmin(ModelView, model=StoredSchedule):
         "definition": {
             "description": 'The entry as JSON: {"task": "proj.report", "schedule": '
             '"*/5 * * * *"} (docs/schedule-table.md).',
-            "render_kw": {"rows": 8},
+            "render_kw": {"rows": 8, "class": "form-control"},
         },
+        "enabled": {"default": True},
         "revision": {"validators": [Optional()]},
     }
 
