@@ -4,16 +4,21 @@ app's: ``crontab(minute='*')`` (one object, shared), each with its own ``args``.
 
     .venv/bin/python -m bench.profile                      # 100,000 schedules
     .venv/bin/python -m bench.profile --size 10000 --store sqlite:////tmp/vb.sqlite3
+    .venv/bin/python -m bench.profile --source table       # the same, from the schedules table
 
 On PostgreSQL it uses the bench's database (``voltro_bench``), emptied before each step.
 
 Steps, each timed: ``app`` = building the app's ``beat_schedule`` (Celery's ``crontab``, the
 application's cost); ``scheduler`` = ``VoltroScheduler(app)`` (Celery builds it at beat's
 start: settings, entries, the engine); ``first tick`` = its first ``tick()`` (schema, registry,
-catch-up, the timeline; beat's "ready"); ``second tick``. Then the functions that took the most
-time (cProfile, cumulative and own), and the lines that hold the most memory after the first
-tick (tracemalloc, which slows the run: its timings are printed apart, without it). The broker
-is kombu's in-memory one: nothing is published unless an occurrence falls due meanwhile.
+catch-up, the timeline; beat's "ready"); ``second tick``. With ``--source table`` the schedules
+are rows of the schedules table instead (written in one transaction, as that many adds would
+leave them: a row and a change row each; the app's ``beat_schedule`` is empty), and one more
+step: ``one change`` = the tick that applies a change of one row, half a second after it.
+Then the functions that took the most time (cProfile, cumulative and own), and the lines that
+hold the most memory after the first tick (tracemalloc, which slows the run: its timings are
+printed apart, without it). The broker is kombu's in-memory one: nothing is published unless
+an occurrence falls due meanwhile.
 """
 
 from __future__ import annotations
@@ -42,22 +47,21 @@ def _fresh(store: str) -> Services:
     return svc
 
 
-def _steps(size: int, store: str) -> tuple[dict[str, float], Any]:
+def _steps(size: int, store: str, source: str) -> tuple[dict[str, float], Any]:
     from voltro_beat.scheduler import VoltroScheduler
 
     times: dict[str, float] = {}
     t = time.perf_counter()
     every = crontab(minute="*")
     app = Celery("profile", broker="memory://", set_as_current=False)
-    app.conf.update(
-        voltro_beat_store_url=store,
-        voltro_beat_replica="profile",
-        result_expires=None,
-        beat_schedule={
+    app.conf.update(voltro_beat_store_url=store, voltro_beat_replica="profile", result_expires=None)
+    if source == "code":
+        app.conf.beat_schedule = {
             f"s{i:06d}": {"task": "bench.noop", "schedule": every, "args": [i]} for i in range(size)
-        },
-    )
-    times["app"] = time.perf_counter() - t
+        }
+    else:
+        _fill_table(store, size)
+    times["app" if source == "code" else "table rows written"] = time.perf_counter() - t
     t = time.perf_counter()
     scheduler = VoltroScheduler(app)
     times["scheduler"] = time.perf_counter() - t
@@ -67,7 +71,61 @@ def _steps(size: int, store: str) -> tuple[dict[str, float], Any]:
     t = time.perf_counter()
     scheduler.tick()
     times["second tick"] = time.perf_counter() - t
+    if source == "table":
+        times["one change"] = _one_change(scheduler, store)
     return times, scheduler
+
+
+#: A row of the schedules table as the bench writes it (the burst app's entry, written down).
+_DEFINITION = {"task": "bench.noop", "schedule": {"crontab": {"minute": "*"}}}
+
+
+def _fill_table(store: str, size: int) -> None:
+    """``size`` schedules in the schedules table, as ``size`` adds would leave them."""
+    import json
+
+    from voltro_beat.store.database import Database
+    from voltro_beat.store.tables import schedule_changes, schedules
+
+    database = Database.open(store)
+    database.upgrade()
+    now = database.time()
+    rows, changes = [], []
+    for i in range(size):
+        doc = json.dumps({**_DEFINITION, "args": [i]})
+        after = json.dumps({"group": "default", "definition": json.loads(doc), "enabled": True})
+        rows.append(
+            {"name": f"s{i:06d}", "schedule_group": "default", "definition": doc,
+             "enabled": True, "revision": i + 1, "changed_by": "bench", "changed_at": now}
+        )  # fmt: skip
+        changes.append(
+            {"revision": i + 1, "name": f"s{i:06d}", "action": "add", "before": None,
+             "after": after, "changed_by": "bench", "changed_at": now}
+        )  # fmt: skip
+    with database.engine.begin() as conn:
+        for i in range(0, size, 10_000):
+            conn.execute(schedules.insert(), rows[i : i + 10_000])
+            conn.execute(schedule_changes.insert(), changes[i : i + 10_000])
+    database.dispose()
+
+
+def _one_change(scheduler: Any, store: str) -> float:
+    """Change one row through the API; the tick that applies it, half a second later."""
+    from voltro_beat.config import Settings
+    from voltro_beat.schedule_table import ScheduleTable
+    from voltro_beat.store.database import Database
+
+    table = ScheduleTable(Database.open(store), Settings.resolve({}, environ={}))
+    (row,) = table.rows.get(["s000000"]).values()
+    table.set("s000000", {**_DEFINITION, "schedule": "30 * * * *"}, revision=row.revision)
+    applied = scheduler._engine.live.applied
+    time.sleep(0.6)
+    t = time.perf_counter()
+    scheduler.tick()
+    took = time.perf_counter() - t
+    assert scheduler._engine.live.applied > applied, "the change was not applied"
+    table.database.dispose()
+    return took
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,20 +133,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=100_000)
     parser.add_argument("--store", default=Services().voltro_store)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--source", choices=("code", "table"), default="code",
+        help="The schedules in the app's beat_schedule, or rows of the schedules table.",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     _fresh(args.store)
-    times, scheduler = _steps(args.size, args.store)
+    times, scheduler = _steps(args.size, args.store, args.source)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     scheduler.close()
-    print(f"## {args.size:,} schedules, store {args.store.split('://')[0]}")
+    print(f"## {args.size:,} schedules from the {args.source}, store {args.store.split('://')[0]}")
     print("\n".join(f"- {step}: {s:.2f} s" for step, s in times.items()))
     print(f"- peak RSS: {rss:.0f} MB")
 
     _fresh(args.store)
     profile = cProfile.Profile()
     profile.enable()
-    _, scheduler = _steps(args.size, args.store)
+    _, scheduler = _steps(args.size, args.store, args.source)
     profile.disable()
     scheduler.close()
     for order in ("cumulative", "tottime"):
@@ -98,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _fresh(args.store)
     tracemalloc.start(1)
-    _, scheduler = _steps(args.size, args.store)
+    _, scheduler = _steps(args.size, args.store, args.source)
     snapshot = tracemalloc.take_snapshot()
     tracemalloc.stop()
     scheduler.close()

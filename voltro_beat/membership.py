@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -64,6 +64,8 @@ class Membership:
         self.table: set[str] = set()
         #: The newest revision of the schedules table applied, reported at each heartbeat.
         self.revision = 0
+        #: When the longest-running live replica of this group started.
+        self._group_since: datetime | None = None
         self.live: list[Replica] = []
         self._maps: dict[str, tuple[str, dict[str, str]]] = {}
         self._said: set[tuple[Any, ...]] = set()
@@ -109,11 +111,13 @@ class Membership:
             self._learn()
         return self.yielded.keys() != before.keys()
 
-    def follow(self) -> None:
-        """The schedules table changed (:attr:`table`): learn again which live replicas run
-        what (no read unless a replica's schedules changed too)."""
-        if self.live:
-            self._learn()
+    def follow(self, names: Iterable[str]) -> None:
+        """Schedules ``names`` of the table now fire in this replica's group: every live
+        replica of the group runs them since the group's longest-running one started."""
+        for name in names:
+            self.known.add(name)
+            if self._group_since is not None:
+                self.live_since[name] = self._group_since
 
     def _read_clock(self) -> None:
         self._observe(self.registry.database.read_clock())
@@ -210,8 +214,9 @@ class Membership:
             for r in self.live
             if r.started_at is not None and _group(r) == self.settings.group
         ]
-        if group:  # every live replica of the group runs the table's schedules
-            self.live_since.update(dict.fromkeys(self.table, min(group)))
+        self._group_since = min(group) if group else None
+        if self._group_since is not None:  # every live replica of the group runs the table's
+            self.live_since.update(dict.fromkeys(self.table, self._group_since))
         self.known = set().union(*maps.values(), self.table)
         mine = next((r for r in self.live if r.name == me), None)
         newer = [

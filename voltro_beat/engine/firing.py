@@ -241,7 +241,7 @@ class Engine:
         self._next_poll = self.clock.now() + POLL
         if changes:
             self.timeline.lead = self._lead()
-            self.membership.follow()
+            self.membership.follow(c.name for c in changes if c.name in self.membership.table)
             self._next_heartbeat = self.clock.now()  # the registry says so at once
 
     def _apply(self, change: Change, *, boot: bool) -> None:

@@ -28,6 +28,8 @@ class Pending:
 
     entry: Entry
     instants: list[datetime]
+    #: False once its schedule's definition changed (:meth:`Timeline.drop`): skipped.
+    live: bool = True
 
     def advance(self, now: datetime) -> None:
         """Move past the occurrences just recorded: on to those due by ``now``, or the next."""
@@ -59,37 +61,43 @@ class Timeline:
         self._deferred = deferred
         self._heap: list[tuple[datetime, int, Pending]] = []
         self._seq = itertools.count()
-
-    def __bool__(self) -> bool:
-        return bool(self._heap)
+        #: Each schedule's pending, to drop it in place.
+        self._by_name: dict[str, Pending] = {}
 
     def __iter__(self) -> Iterator[Pending]:
         """Every schedule on the timeline, soonest claim time first."""
-        return iter([pending for _, _, pending in sorted(self._heap)])
+        return iter([pending for _, _, pending in sorted(self._heap) if pending.live])
 
     @property
     def next(self) -> datetime | None:
         """The soonest claim time."""
+        while self._heap and not self._heap[0][2].live:
+            heapq.heappop(self._heap)
         return self._heap[0][0] if self._heap else None
 
     def push(self, pending: Pending) -> None:
+        self._by_name[pending.entry.name] = pending
         heapq.heappush(self._heap, (self._claim_time(pending), next(self._seq), pending))
 
     def due(self, now: datetime) -> list[Pending]:
         """Take off the timeline the schedules whose claim time has come."""
         due: list[Pending] = []
         while self._heap and self._heap[0][0] <= now:
-            due.append(heapq.heappop(self._heap)[2])
+            pending = heapq.heappop(self._heap)[2]
+            if pending.live:
+                due.append(pending)
         return due
 
     def drop(self, name: str) -> None:
-        """Take schedule ``name`` off the timeline (its definition changed)."""
-        self._heap = [item for item in self._heap if item[2].entry.name != name]
-        heapq.heapify(self._heap)
+        """Take schedule ``name`` off the timeline (its definition changed), in place: it is
+        skipped when it comes up."""
+        pending = self._by_name.pop(name, None)
+        if pending is not None:
+            pending.live = False
 
     def requeue(self) -> None:
         """Give every schedule its claim time again (the schedules deferred changed)."""
-        self._heap = [(self._claim_time(p), seq, p) for _, seq, p in self._heap]
+        self._heap = [(self._claim_time(p), seq, p) for _, seq, p in self._heap if p.live]
         heapq.heapify(self._heap)
 
     def _claim_time(self, pending: Pending) -> datetime:
