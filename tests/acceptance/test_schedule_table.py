@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import statistics
 import subprocess
-import sys
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import sqlalchemy as sa
+from test_cli import VOLTRO_BEAT, ok
 from vbt_harness import (
     REPLICAS,
     TASK,
@@ -41,7 +40,6 @@ from voltro_beat.store.database import Database
 from voltro_beat.store.schedule_rows import ScheduleRow
 from voltro_beat.store.tables import replicas
 
-VOLTRO_BEAT = str(Path(sys.executable).with_name("voltro-beat"))
 #: The app's own entry, out of the way of the table's.
 HOURLY = Sched("hourly", '"0 * * * *"')
 #: Edits made through the Python API to measure propagation (of a schedule that never fires
@@ -58,11 +56,6 @@ def cli(dep: Deployment, *args: str) -> subprocess.CompletedProcess[str]:
         env=dep.env(USER="acceptance"),
         cwd=dep.workdir,
     )
-
-
-def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, f"exit {result.returncode}:\n{result.stdout}\n{result.stderr}"
-    return result.stdout
 
 
 def applied_after(dep: Deployment, row: ScheduleRow) -> float:

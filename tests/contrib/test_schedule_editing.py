@@ -46,18 +46,9 @@ def store(tmp_path: Path) -> Iterator[str]:
     yield str(path)
 
 
-def rows(store: str) -> ScheduleRows:
-    return ScheduleRows(Database.open(f"sqlite:///{store}"))
-
-
-def text_of(page: httpx.Response) -> str:
-    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page.text)))
-
-
-def test_the_django_admin_edits_through_the_table(
-    tmp_path: Path, procs: ProcessSet, store: str
-) -> None:
-    site = DjangoSite.create(
+def django_site(tmp_path: Path, procs: ProcessSet, store: str) -> DjangoSite:
+    """A Django project with voltro_beat's tables in the SQLite ``store`` (a second alias)."""
+    return DjangoSite.create(
         tmp_path / "project",
         procs,
         databases={
@@ -69,6 +60,20 @@ def test_the_django_admin_edits_through_the_table(
             "DATABASE_ROUTERS": ["voltro_beat.contrib.django.routers.VoltroBeatRouter"],
         },
     )
+
+
+def rows(store: str) -> ScheduleRows:
+    return ScheduleRows(Database.open(f"sqlite:///{store}"))
+
+
+def text_of(page: httpx.Response) -> str:
+    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page.text)))
+
+
+def test_the_django_admin_edits_through_the_table(
+    tmp_path: Path, procs: ProcessSet, store: str
+) -> None:
+    site = django_site(tmp_path, procs, store)
     admin = site.login("admin")
     add = "/admin/voltro_beat/storedschedule/add/"
 
@@ -218,18 +223,7 @@ def edit_walk(browser: Any, base: str, user: str, admin: Editing, shots: Path) -
 def test_editing_in_chromium(
     browser: Any, tmp_path: Path, procs: ProcessSet, store: str, screenshots: Path
 ) -> None:
-    django = DjangoSite.create(
-        tmp_path / "project",
-        procs,
-        databases={
-            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "dj.db")},
-            "voltro": {"ENGINE": "django.db.backends.sqlite3", "NAME": store},
-        },
-        settings={
-            "VOLTRO_BEAT_DATABASE": "voltro",
-            "DATABASE_ROUTERS": ["voltro_beat.contrib.django.routers.VoltroBeatRouter"],
-        },
-    )
+    django = django_site(tmp_path, procs, store)
     edit_walk(browser, django.base, "admin", DJANGO_EDIT, screenshots)
     assert [r.changed_by for r in rows(store).all()] == ["admin"]
     rows(store).write("report", "remove", expected=1, after=None, by="test")
