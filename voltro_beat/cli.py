@@ -361,14 +361,15 @@ def replicas(settings: Settings, max_offset: float) -> None:
     """Print the replica registry: every beat replica that ran recently, and whether it lives.
 
     A replica is live while its last heartbeat is younger than its publish timeout; times are
-    the database's clock. The clock offset is the replica's local clock minus the database's.
+    the database's clock. The clock offset is the replica's local clock minus the database's;
+    "table rev" the newest revision of the schedules table it applied.
     """
     with _errors(), _open(settings.store_url) as database:
         rows = Registry(database).everyone()
         now = database.time()
     table = Table(title=f"_voltro_beat_replicas ({len(rows)})")
     columns = ("name", "host", "pid", "version", "started", "last seen", "live", "clock")
-    for column in (*columns, "offset s", "schedules"):
+    for column in (*columns, "offset s", "schedules", "table rev"):
         table.add_column(column, no_wrap=True)
     for r in rows:
         ago = None if r.last_seen is None else (now - r.last_seen).total_seconds()
@@ -385,6 +386,7 @@ def replicas(settings: Settings, max_offset: float) -> None:
             str(r.settings.get("clock", "")),
             "" if offset is None else f"{offset:+.3f}" + (" !" if abs(offset) > max_offset else ""),
             r.schedules_digest,
+            str(r.schedules_revision),
         )
     Console(width=max(Console().width, 160)).print(table)
 
