@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from voltro_beat.exceptions import ConfigurationError
-from voltro_beat.schedules import Entry, parse_entries
+from voltro_beat.schedules import Entry, Spec, parse_entries
 
 #: The fields of Celery's crontab, in the order of a cron line.
 CRONTAB_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
@@ -58,8 +58,26 @@ def check(name: str, doc: Mapping[str, Any], *, tz: str | None, max_lateness: ti
             raise ConfigurationError(
                 f"must be JSON (a row holds it as JSON): {exc}", entry=name, field=key
             ) from None
-    (entry,) = parse_entries({name: to_entry(name, doc)}, tz=tz, max_lateness=max_lateness)
+    zone = tz if doc.get("tz") is None else doc["tz"]
+    key = json.dumps([doc.get("schedule"), doc.get("anchor"), zone], sort_keys=True)
+    spec = _specs.get(key) if "schedule" in doc else None
+    if spec is None:
+        raw = to_entry(name, doc)
+    else:  # checked before: the same schedule, anchor and zone give the same spec
+        raw = {k: v for k, v in doc.items() if k != "anchor"}
+        raw["schedule"] = spec
+    (entry,) = parse_entries({name: raw}, tz=tz, max_lateness=max_lateness)
+    if spec is None and "schedule" in doc:
+        if len(_specs) >= MAX_SPECS:
+            _specs.clear()
+        _specs[key] = entry.spec
     return entry
+
+
+#: Schedules checked before, by their document (schedule, anchor, zone): at 100,000 rows most
+#: share a few, and building Celery's crontab for each would take most of a boot.
+MAX_SPECS = 10_000
+_specs: dict[str, Spec] = {}
 
 
 def from_entry(name: str, raw: Mapping[str, Any]) -> dict[str, Any]:
