@@ -29,7 +29,7 @@ from voltro_beat.coordination import Coordination
 from voltro_beat.dispatch import Dispatcher
 from voltro_beat.engine.gate import Gate
 from voltro_beat.engine.guard import Guard
-from voltro_beat.engine.live import POLL, Change, Live
+from voltro_beat.engine.live import POLL, Live
 from voltro_beat.engine.ownership import Ownership
 from voltro_beat.engine.ready import NEVER, Ready
 from voltro_beat.engine.recorder import Recorder, graces
@@ -52,13 +52,6 @@ logger = logging.getLogger(__name__)
 
 #: How long after a failed step the engine wants to run again.
 RETRY_DELAY = timedelta(seconds=1)
-#: How far ahead of its instant an occurrence is claimed: LEAD_MIN, plus CLAIM_COST per
-#: schedule, so that a burst of every schedule at once is claimed before its boundary.
-#: CLAIM_COST leaves room for three replicas claiming one burst on two cores (the burst
-#: workload of bench/README.md).
-LEAD_MIN = timedelta(milliseconds=250)
-CLAIM_COST = timedelta(microseconds=300)
-LEAD_MAX = timedelta(seconds=30)
 #: At close, occurrences claimed ahead and due within this long are published on time; later
 #: ones are left to another replica's recovery sweep (``publish_timeout`` after their instant).
 CLOSE_WAIT = timedelta(seconds=3)
@@ -90,7 +83,7 @@ class Engine:
         Of ``entries`` (the app's) and the schedules table's, it fires those of its group
         (``settings.group``); ``overlap_timeout`` is how long a run of a ``skip`` or ``queue``
         entry blocks the next one."""
-        self.live = Live(store.database, settings, entries)
+        code = entries
         others = [e for e in entries.values() if e.group != settings.group]
         entries = {n: e for n, e in entries.items() if e.group == settings.group}
         self.settings = settings
@@ -108,10 +101,6 @@ class Engine:
         self.dispatch = Dispatcher(
             store, publisher, entries, self.lease, clock, self.metrics, runner=runner
         )
-        self._overlap_timeout = overlap_timeout
-        #: Schedules of the table that no longer fire here (removed, disabled, moved to
-        #: another group): known still, for the runs they have claimed already.
-        self.silent: set[str] = set()
         #: Per ``skip`` / ``queue`` schedule: how long a live run blocks the next one.
         self.overlap = {
             e.name: overlap_timeout(e) for e in entries.values() if e.on_overlap != "allow"
@@ -129,7 +118,22 @@ class Engine:
         cluster = settings.coordination is Coordination.CLUSTER
         self.ownership = Ownership(store, settings, entries, self.metrics) if cluster else None
         self.gate = Gate(membership, self.ownership, singletons)
-        self.timeline = Timeline(self._lead(), self.lease, self.overlap.keys(), self.gate.deferred)
+        self.timeline = Timeline(self.lease, self.overlap.keys(), self.gate.deferred)
+        self.live = Live(
+            store.database,
+            settings,
+            code,
+            entries=entries,
+            overlap=self.overlap,
+            overlap_timeout=overlap_timeout,
+            timeline=self.timeline,
+            publisher=publisher,
+            membership=membership,
+            recorder=self.recorder,
+            ownership=self.ownership,
+            clock=clock,
+        )
+        self._lead()
         self.unserved = Unserved(store, others, settings.coordination, self.lease, self.metrics)
         self.upkeep = Upkeep(
             settings=settings,
@@ -222,7 +226,7 @@ class Engine:
             self._owe(taken, self.clock.now(), taken_over=False)
         self._catch_up()
         for entry in self.entries.values():
-            if entry.trigger != "beat" or entry.name in self.silent:
+            if entry.trigger != "beat" or entry.name in self.live.silent:
                 continue
             first = next_after(entry.spec, self._started)
             if first is not None:
@@ -231,48 +235,15 @@ class Engine:
         self.upkeep.prepare(self.timeline)
 
     def _follow_table(self, *, boot: bool) -> None:
-        """Apply what changed in the schedules table (:mod:`voltro_beat.engine.live`): at boot
-        before the catch-up and the timeline, which then take the table's schedules as the
-        app's; later, each from the first occurrence of its new definition after its change."""
-        newest, changes = self.live.changes()
-        for change in changes:
-            self._apply(change, boot=boot)
-        self.live.applied = self.membership.revision = newest
-        self._next_poll = self.clock.now() + POLL
-        if changes:
-            self.timeline.lead = self._lead()
-            self.membership.follow(c.name for c in changes if c.name in self.membership.table)
+        """Apply what changed in the schedules table (:mod:`voltro_beat.engine.live`)."""
+        if self.live.follow(boot=boot):
+            self._lead()
             self._next_heartbeat = self.clock.now()  # the registry says so at once
+        self._next_poll = self.clock.now() + POLL
 
-    def _apply(self, change: Change, *, boot: bool) -> None:
-        name, entry = change.name, change.entry
-        self.timeline.drop(name)
-        self.publisher.forget(name)
-        self.membership.table.discard(name)
-        if entry is None or entry.group != self.settings.group:
-            # Its last definition stays known: runs claimed already publish and are recovered.
-            self.overlap.pop(name, None)
-            if name in self.entries:
-                self.silent.add(name)
-            return
-        since = change.since or self.clock.now()
-        self.entries[name] = entry
-        self.membership.table.add(name)
-        self.recorder.track(entry, since)
-        if self.ownership is not None:
-            self.ownership.track(name)
-        self.overlap.pop(name, None)
-        if entry.on_overlap != "allow":
-            self.overlap[name] = self._overlap_timeout(entry)
-        first = next_after(entry.spec, since)
-        self.silent.discard(name)
-        if not boot and entry.trigger == "beat" and first is not None:
-            self.timeline.push(Pending(entry, [first]))
-
-    def _lead(self) -> timedelta:
-        """How far ahead of its instant an occurrence is claimed (LEAD_MIN, CLAIM_COST)."""
-        ahead = len(self.entries) - len(self.overlap) - len(self.silent)
-        return min(LEAD_MAX, LEAD_MIN + CLAIM_COST * ahead)
+    def _lead(self) -> None:
+        """Claim ahead as the schedules claimed ahead ask (:meth:`Timeline.lead_for`)."""
+        self.timeline.lead_for(len(self.entries) - len(self.overlap) - len(self.live.silent))
 
     def _fire_due(self, now: datetime) -> None:
         """Record the occurrences whose claim time has come (their instant minus the lead),
@@ -307,7 +278,7 @@ class Engine:
             [
                 self.entries[n]
                 for n in names
-                if self.entries[n].trigger == "beat" and n not in self.silent
+                if self.entries[n].trigger == "beat" and n not in self.live.silent
             ],
             now,
             live,

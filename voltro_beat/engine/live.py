@@ -1,4 +1,5 @@
-"""The schedules table, followed live: what changed since the revision this replica applied.
+"""The schedules table, followed live: what changed since the revision this replica applied,
+and each change applied to the engine's parts.
 
 Every :data:`POLL` the engine asks the store for the changes numbered after the revision it
 applied (one indexed read, empty while nobody edits) and the rows they touched as they stand
@@ -7,20 +8,28 @@ becomes the entry to fire from its change on, or None: removed, disabled, anothe
 shadowed by the app's own entry (``voltro_beat_schedule_conflicts``), or a row that does not
 check (written around the API: logged at ERROR, once per revision). An edit takes effect from
 the first occurrence of the new definition after its commit, on the database's clock
-(docs/schedule-table.md).
+(docs/schedule-table.md). Applying one costs the changed schedule only: its pending instants
+dropped in place, its template forgotten, its shard, overlap timeout and catch-up floor set.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from voltro_beat import definitions, logs
+from voltro_beat.clock import Clock
 from voltro_beat.config import Settings
+from voltro_beat.engine.ownership import Ownership
+from voltro_beat.engine.recorder import Recorder
+from voltro_beat.engine.timeline import Pending, Timeline
 from voltro_beat.exceptions import ConfigurationError
+from voltro_beat.membership import Membership
+from voltro_beat.occurrences import next_after
+from voltro_beat.publisher import Publisher
 from voltro_beat.schedules import Entry
 from voltro_beat.store.database import Database
 from voltro_beat.store.schedule_rows import ScheduleRow, ScheduleRows
@@ -44,16 +53,82 @@ class Change:
 
 class Live:
     """The schedules table of ``database`` as one replica (``settings``) follows it; ``code``
-    holds the app's own entries."""
+    holds the app's own entries (every group's). A change is applied to ``entries`` (this
+    group's, shared with the engine's parts), ``overlap`` (the ``skip`` / ``queue``
+    schedules' timeouts, from ``overlap_timeout``), the timeline, the publisher's templates,
+    the registry's view, the recorder and, in ``cluster`` coordination, the shard map."""
 
-    def __init__(self, database: Database, settings: Settings, code: Mapping[str, Entry]) -> None:
+    def __init__(
+        self,
+        database: Database,
+        settings: Settings,
+        code: Mapping[str, Entry],
+        *,
+        entries: dict[str, Entry],
+        overlap: dict[str, timedelta],
+        overlap_timeout: Callable[[Entry], timedelta],
+        timeline: Timeline,
+        publisher: Publisher,
+        membership: Membership,
+        recorder: Recorder,
+        ownership: Ownership | None,
+        clock: Clock,
+    ) -> None:
         self.rows = ScheduleRows(database)
         self._settings = settings
         self._code = dict(code)
+        self._entries = entries
+        self._overlap = overlap
+        self._overlap_timeout = overlap_timeout
+        self._timeline = timeline
+        self._publisher = publisher
+        self._membership = membership
+        self._recorder = recorder
+        self._ownership = ownership
+        self._clock = clock
         #: The newest revision applied (0: none yet).
         self.applied = 0
+        #: Schedules of the table that no longer fire here (removed, disabled, moved to
+        #: another group): known still, for the runs they have claimed already.
+        self.silent: set[str] = set()
         #: (schedule, revision) of rows already said not to check.
         self._said: set[tuple[str, int]] = set()
+
+    def follow(self, *, boot: bool) -> bool:
+        """Read and apply what changed; return whether anything did (raises
+        :class:`~voltro_beat.exceptions.StoreError`). At boot the catch-up and the timeline
+        take the table's schedules after this, as the app's; later each one is pushed from
+        the first occurrence of its new definition after its change."""
+        newest, changes = self.changes()
+        for change in changes:
+            self._apply(change, boot=boot)
+        self.applied = self._membership.revision = newest
+        self._membership.follow(c.name for c in changes if c.name in self._membership.table)
+        return bool(changes)
+
+    def _apply(self, change: Change, *, boot: bool) -> None:
+        name, entry = change.name, change.entry
+        self._timeline.drop(name)
+        self._publisher.forget(name)
+        self._membership.table.discard(name)
+        self._overlap.pop(name, None)
+        if entry is None or entry.group != self._settings.group:
+            # Its last definition stays known: runs claimed already publish and are recovered.
+            if name in self._entries:
+                self.silent.add(name)
+            return
+        since = change.since or self._clock.now()
+        self._entries[name] = entry
+        self.silent.discard(name)
+        self._membership.table.add(name)
+        self._recorder.track(entry, since)
+        if self._ownership is not None:
+            self._ownership.track(name)
+        if entry.on_overlap != "allow":
+            self._overlap[name] = self._overlap_timeout(entry)
+        first = next_after(entry.spec, since)
+        if not boot and entry.trigger == "beat" and first is not None:
+            self._timeline.push(Pending(entry, [first]))
 
     def changes(self) -> tuple[int, list[Change]]:
         """The newest revision and what changed after :attr:`applied` (raises
