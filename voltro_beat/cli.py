@@ -6,10 +6,8 @@ import itertools
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -20,11 +18,22 @@ from rich.progress import Progress
 from rich.table import Table
 
 from voltro_beat.beat_schedule import load_schedule
-from voltro_beat.config import DEFAULT_STORE_URL, Origin, Settings
+from voltro_beat.cli_options import (
+    APP_NAME,
+    app_option,
+    current_app,
+    errors,
+    existing,
+    open_store,
+    settings_of,
+    settings_options,
+    stamp,
+)
+from voltro_beat.config import Origin, Settings
 from voltro_beat.contrib.display import STUCK_AFTER
 from voltro_beat.cron import MICROSECOND, CronSpec
 from voltro_beat.dispatch import CHUNK
-from voltro_beat.exceptions import ConfigurationError, PublishError, StoreError
+from voltro_beat.exceptions import ConfigurationError
 from voltro_beat.occurrences import (
     latest_at_or_before,
     next_after,
@@ -32,9 +41,10 @@ from voltro_beat.occurrences import (
     occurrences_between,
     task_id_for,
 )
-from voltro_beat.on_demand import OnDemand, load_app
+from voltro_beat.on_demand import OnDemand
 from voltro_beat.replicas import lives
 from voltro_beat.schedules import DEFAULT_GROUP, Entry, Spec, check_name, to_spec
+from voltro_beat.schedules_cli import schedules
 from voltro_beat.shards import shard_of
 from voltro_beat.status import Reason, Status
 from voltro_beat.store import reads
@@ -49,49 +59,9 @@ def main() -> None:
     """voltro_beat: active-active Celery beat."""
 
 
-def _app_option(*, required: bool = False) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """``-A/--app`` as ``celery -A`` takes it (``proj``, ``proj.celery:app``; env
-    VOLTRO_BEAT_CELERY_APP): loaded before the other options, left in ``click.Context.meta``.
-    ``--celery-app`` is its older spelling."""
-    return click.option(
-        "-A",
-        "--app",
-        "--celery-app",
-        "app_name",
-        envvar="VOLTRO_BEAT_CELERY_APP",
-        required=required,
-        expose_value=False,
-        is_eager=True,
-        callback=_load_app,
-        help="The Celery app (proj, proj.celery:app; env VOLTRO_BEAT_CELERY_APP): its "
-        "voltro_beat_* settings and its beat_schedule.",
-    )
-
-
-def _load_app(ctx: click.Context, _param: click.Parameter, name: str | None) -> None:
-    if name is None:
-        return
-    try:
-        ctx.meta[_APP] = load_app(name)
-    except ConfigurationError as exc:
-        raise click.ClickException(str(exc)) from None
-    ctx.meta[_APP_NAME] = name
-
-
-#: Where ``-A`` leaves the loaded app, and the name it was given, for the command
-#: (``click.Context.meta``).
-_APP = "voltro_beat.app"
-_APP_NAME = "voltro_beat.app_name"
-
-
-def _app() -> Celery | None:
-    app: Celery | None = click.get_current_context().meta.get(_APP)
-    return app
-
-
 @main.command()
 @click.argument("schedule")
-@_app_option()
+@app_option()
 @click.option(
     "--tz", "zone", default=None, help="Zone the schedule runs in (default UTC, or the app's)."
 )
@@ -117,11 +87,11 @@ def preview(schedule: str, zone: str | None, count: int, name: str, after: str |
     it may also name an entry of the app's beat_schedule (its own schedule and zone), and an
     expression runs in the app's time zone unless --tz says otherwise.
     """
-    app = _app()
+    app = current_app()
     try:
         spec: Spec | None = None
         if app is not None:
-            settings = _settings()
+            settings = settings_of()
             entries = load_schedule(app, settings).entries
             if schedule in entries:
                 name, spec = schedule, entries[schedule].spec
@@ -178,41 +148,8 @@ def _start(after: str | None, zone: str | None) -> datetime:
     return start if start.tzinfo else start.replace(tzinfo=ZoneInfo(zone or "UTC"))
 
 
-def _settings_options(
-    *, app_required: bool = False
-) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """``-A proj`` and ``--store URL``: the command is given ``settings``, resolved as beat
-    resolves them (:meth:`Settings.resolve`) with ``--store`` an explicit value above the
-    environment and the app."""
-
-    def decorate(command: Callable[..., None]) -> Callable[..., None]:
-        command = click.option(
-            "--store",
-            "settings",
-            default=None,
-            metavar="URL",
-            callback=lambda _ctx, _param, store: _settings(store),
-            help="Store URL; without it env VOLTRO_BEAT_STORE_URL, else the app's (-A) "
-            f"voltro_beat_store_url, else {DEFAULT_STORE_URL}.",
-        )(command)
-        return _app_option(required=app_required)(command)
-
-    return decorate
-
-
-def _settings(store: str | None = None) -> Settings:
-    """The settings of the app (-A; without it, the environment's and the defaults), with
-    ``store`` (``--store``) as an explicit store URL."""
-    app = _app()
-    with _errors():
-        return Settings.resolve(
-            {} if app is None else app.conf,
-            overrides={} if store is None else {"store_url": store},
-        )
-
-
 @main.command("config")
-@_settings_options()
+@settings_options()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per setting and line.")
 def show_config(settings: Settings, as_json: bool) -> None:
     """Print every setting, its value and where the value came from.
@@ -273,10 +210,10 @@ def db() -> None:
 
 
 @db.command("upgrade")
-@_settings_options()
+@settings_options()
 def db_upgrade(settings: Settings) -> None:
     """Create or upgrade the tables to the newest revision."""
-    with _errors():
+    with errors():
         database = Database.open(settings.store_url)
         try:
             database.upgrade()
@@ -286,16 +223,16 @@ def db_upgrade(settings: Settings) -> None:
 
 
 @db.command("sql")
-@_settings_options()
+@settings_options()
 def db_sql(settings: Settings) -> None:
     """Print the DDL of every migration for the store's kind of database, for a DBA to run."""
-    with _errors():
+    with errors():
         Database.open(settings.store_url)  # validates the URL
         click.echo(migrations.sql(settings.store_url), nl=False)
 
 
 @main.command()
-@_settings_options()
+@settings_options()
 @click.option("--schedule", default=None, help="Only this schedule.")
 @click.option(
     "--status", default=None, type=click.Choice([s.value for s in Status]), help="Only this status."
@@ -315,7 +252,7 @@ def runs(
 ) -> None:
     """Print the newest rows of the run table, with each run's publish lag (published minus
     scheduled)."""
-    with _errors(), _open(settings.store_url) as database:
+    with errors(), open_store(settings.store_url) as database:
         rows = reads.recent_runs(
             database,
             schedule=schedule,
@@ -341,15 +278,15 @@ def runs(
     for row in rows:
         table.add_row(
             *(str(row[c] or "") for c in columns),
-            _stamp(row["published_at"]),
+            stamp(row["published_at"]),
             "" if row["lag"] is None else f"{row['lag']:.3f}",
-            _stamp(row["finished_at"]),
+            stamp(row["finished_at"]),
         )
     Console(width=max(Console().width, 160)).print(table)
 
 
 @main.command()
-@_settings_options()
+@settings_options()
 @click.option(
     "--max-offset",
     default=1.0,
@@ -364,7 +301,7 @@ def replicas(settings: Settings, max_offset: float) -> None:
     the database's clock. The clock offset is the replica's local clock minus the database's;
     "table rev" the newest revision of the schedules table it applied.
     """
-    with _errors(), _open(settings.store_url) as database:
+    with errors(), open_store(settings.store_url) as database:
         rows = Registry(database).everyone()
         now = database.time()
     table = Table(title=f"_voltro_beat_replicas ({len(rows)})")
@@ -380,7 +317,7 @@ def replicas(settings: Settings, max_offset: float) -> None:
             r.host,
             str(r.pid),
             r.version,
-            _stamp(r.started_at),
+            stamp(r.started_at),
             "" if ago is None else f"{ago:.1f} s ago",
             "yes" if live else "no",
             str(r.settings.get("clock", "")),
@@ -392,7 +329,7 @@ def replicas(settings: Settings, max_offset: float) -> None:
 
 
 @main.command()
-@_settings_options()
+@settings_options()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option(
@@ -423,14 +360,14 @@ def admin(settings: Settings, host: str, port: int, no_auth: bool, stuck_after: 
         raise click.ClickException(
             f"the admin needs the sqladmin extra: pip install 'voltro-beat[sqladmin]' ({exc})"
         ) from None
-    with _errors():
-        _existing(
+    with errors():
+        existing(
             Database.open(settings.store_url)
         ).dispose()  # it only reads: never creates a store
         app = server.create_app(
             settings.store_url,
             server.login_from_environment(host, no_auth=no_auth),
-            celery_app=click.get_current_context().meta.get(_APP_NAME),
+            celery_app=click.get_current_context().meta.get(APP_NAME),
             stuck_after=timedelta(seconds=stuck_after),
         )
     click.echo(
@@ -446,7 +383,7 @@ EXIT_NOT_PUBLISHED = 4
 
 @main.command()
 @click.argument("name")
-@_settings_options(app_required=True)
+@settings_options(app_required=True)
 def trigger(settings: Settings, name: str) -> None:
     """Fire the external entry NAME now (for a platform's scheduler: a CronJob's command).
 
@@ -459,7 +396,7 @@ def trigger(settings: Settings, name: str) -> None:
     from voltro_beat.exceptions import NotExternal, NotPublished, TooFar
     from voltro_beat.trigger import Trigger
 
-    with _errors():
+    with errors():
         fire = Trigger(_required_app("trigger"), settings)
         try:
             fired = fire.fire(name)
@@ -481,7 +418,7 @@ def trigger(settings: Settings, name: str) -> None:
 
 
 @main.command("serve-trigger")
-@_settings_options(app_required=True)
+@settings_options(app_required=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8001, show_default=True, type=click.IntRange(1, 65535))
 def serve_trigger(settings: Settings, host: str, port: int) -> None:
@@ -500,27 +437,11 @@ def serve_trigger(settings: Settings, host: str, port: int) -> None:
         ) from None
     from voltro_beat.trigger import Trigger
 
-    with _errors():
+    with errors():
         token = trigger_endpoint.token_from_environment()
         app = trigger_endpoint.create_app(Trigger(_required_app("serve-trigger"), settings), token)
     click.echo(f"voltro_beat trigger endpoint on http://{host}:{port}/trigger/<name>")
     uvicorn.run(app, host=host, port=port, log_level="info")
-
-
-def _stamp(at: datetime | None) -> str:
-    return "" if at is None else f"{at:%Y-%m-%d %H:%M:%S.%f}"[:-3]
-
-
-@contextmanager
-def _errors() -> Iterator[None]:
-    try:
-        yield
-    except (ConfigurationError, PublishError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    except StoreError as exc:
-        # A store no retry cures says what to check, as beat does at boot.
-        hint = "" if exc.check is None else f"; check {exc.check}"
-        raise click.ClickException(f"{exc}{hint}") from exc
 
 
 # -- the operator's commands (docs/operations.md) -------------------------------------------
@@ -533,7 +454,7 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 @main.command()
-@_settings_options()
+@settings_options()
 def status(settings: Settings) -> None:
     """One line per schedule: next occurrence, last run and its status, success rate over the
     retained runs that executed (succeeded or failed), median publish lag, and the runs by
@@ -545,15 +466,15 @@ def status(settings: Settings) -> None:
     (celery.backend_cleanup), with their next occurrences;
     without it, every schedule that has a run row.
     """
-    app = _app()
-    with _errors(), _open(settings.store_url) as database:
+    app = current_app()
+    with errors(), open_store(settings.store_url) as database:
         entries = {} if app is None else load_schedule(app, settings).entries
         now = database.time()
         names = list(entries) or reads.schedule_names(database)
         summaries = reads.summaries(database, names, now=now)
         replicas = Registry(database).everyone()
         shard_rows = reads.shard_leases(database, now=now)
-    table = Table(title=f"schedules ({len(names)}) at {_stamp(now)} UTC")
+    table = Table(title=f"schedules ({len(names)}) at {stamp(now)} UTC")
     for column in ("schedule", "next", "last run", "status", "success", "runs", "median lag s"):
         table.add_column(column, no_wrap=True)
     table.add_column("outcomes")
@@ -563,8 +484,8 @@ def status(settings: Settings) -> None:
         rate, lag = summary.tally.success_rate, summary.median_lag
         table.add_row(
             name,
-            _stamp(upcoming) if entry is not None else "",
-            _stamp(summary.last_at),
+            stamp(upcoming) if entry is not None else "",
+            stamp(summary.last_at),
             summary.last_status or "",
             "" if rate is None else f"{rate:.1%}",
             str(summary.tally.total),
@@ -595,7 +516,7 @@ def status(settings: Settings) -> None:
 
 
 @main.command()
-@_settings_options()
+@settings_options()
 @click.option("--all", "every", is_flag=True, help="One line per shard.")
 def shards(settings: Settings, every: bool) -> None:
     """Print cluster coordination's shards: per group, each owner and how many shards it
@@ -606,8 +527,8 @@ def shards(settings: Settings, every: bool) -> None:
     lease left and owner since; with -A proj also how many of the app's schedules it holds
     (by this command's voltro_beat_shards). Times are the database's clock.
     """
-    app = _app()
-    with _errors(), _open(settings.store_url) as database:
+    app = current_app()
+    with errors(), open_store(settings.store_url) as database:
         entries = {} if app is None else load_schedule(app, settings).entries
         now = database.time()
         rows = reads.shard_leases(database, now=now)
@@ -622,12 +543,12 @@ def shards(settings: Settings, every: bool) -> None:
         first = (st.error or "").strip().splitlines()[-1:] or [""]
         console.print(
             f"singleton {st.name} (group {st.group}): {st.state} on {st.replica} since "
-            f"{_stamp(st.since)}, token {st.token}" + (f": {first[0]}" if first[0] else "")
+            f"{stamp(st.since)}, token {st.token}" + (f": {first[0]}" if first[0] else "")
         )
     if not every:
         return
     held = Counter((e.group, shard_of(e.group, e.name, settings.shards)) for e in entries.values())
-    table = Table(title=f"_voltro_beat_shards ({len(rows)}) at {_stamp(now)} UTC")
+    table = Table(title=f"_voltro_beat_shards ({len(rows)}) at {stamp(now)} UTC")
     for column in ("group", "shard", "owner", "epoch", "lease left s", "owner since"):
         table.add_column(column, no_wrap=True)
     if entries:
@@ -639,7 +560,7 @@ def shards(settings: Settings, every: bool) -> None:
             r.owner or "(nobody)",
             str(r.epoch),
             "" if r.lease_left is None else f"{r.lease_left:.1f}",
-            _stamp(r.since),
+            stamp(r.since),
         ]
         table.add_row(*cells, *([str(held[r.group, r.shard])] if entries else []))
     console.print(table)
@@ -661,12 +582,12 @@ def _shard_summary(rows: Sequence[reads.Shard]) -> list[str]:
 
 
 @main.command()
-@_settings_options()
+@settings_options()
 @click.option("--since", default=None, help="Claimed at or after (ISO 8601, or 15m/2h/3d ago).")
 @click.option("-n", "count", default=50, show_default=True, type=click.IntRange(min=1))
 def claims(settings: Settings, since: str | None, count: int) -> None:
     """Print the newest claims, and how many each replica holds."""
-    with _errors(), _open(settings.store_url) as database:
+    with errors(), open_store(settings.store_url) as database:
         rows, per_replica = reads.recent_claims(
             database,
             since=None if since is None else _instant(since, "--since", database),
@@ -676,7 +597,7 @@ def claims(settings: Settings, since: str | None, count: int) -> None:
     for column in ("id", "replica", "claimed"):
         table.add_column(column, no_wrap=True)
     for row in rows:
-        table.add_row(row["id"], row["replica"], _stamp(row["claimed_at"]))
+        table.add_row(row["id"], row["replica"], stamp(row["claimed_at"]))
     console = Console(width=max(Console().width, 120))
     console.print(table)
     console.print(f"claims per replica: {sum(per_replica.values())} in all")
@@ -685,7 +606,7 @@ def claims(settings: Settings, since: str | None, count: int) -> None:
 
 
 @main.command()
-@_settings_options()
+@settings_options()
 @click.argument("name")
 @click.option("--since", required=True, help="Window start (ISO 8601, or 15m/2h/3d ago).")
 @click.option("--until", required=True, help="Window end, excluded (ISO 8601 or relative).")
@@ -701,7 +622,7 @@ def backfill(
     is never published again. Needs -A proj (the schedule and the broker).
     """
     app = _required_app("backfill")
-    with _errors(), _open(settings.store_url) as database:
+    with errors(), open_store(settings.store_url) as database:
         entries = load_schedule(app, settings).entries
         entry = _entry(entries, name)
         start, end = _instant(since, "--since", database), _instant(until, "--until", database)
@@ -743,7 +664,7 @@ def backfill(
 
 
 @main.command("run")
-@_settings_options()
+@settings_options()
 @click.argument("name")
 @click.option("--at", default=None, help="Instead of now (ISO 8601, or 15m/2h/3d ago).")
 def run_now(settings: Settings, name: str, at: str | None) -> None:
@@ -754,7 +675,7 @@ def run_now(settings: Settings, name: str, at: str | None) -> None:
     Needs -A proj.
     """
     app = _required_app("run")
-    with _errors(), _open(settings.store_url) as database:
+    with errors(), open_store(settings.store_url) as database:
         entries = load_schedule(app, settings).entries
         entry = _entry(entries, name)
         when = (
@@ -778,11 +699,11 @@ def run_now(settings: Settings, name: str, at: str | None) -> None:
 
 
 @db.command("check")
-@_settings_options()
+@settings_options()
 def db_check(settings: Settings) -> None:
     """Is the schema current, and can this role read every table? Exit code 1 if not."""
-    with _errors():
-        database = _existing(Database.open(settings.store_url))
+    with errors():
+        database = existing(Database.open(settings.store_url))
         try:
             report = reads.check_schema(database)
         finally:
@@ -801,37 +722,8 @@ def db_check(settings: Settings) -> None:
         raise SystemExit(1)
 
 
-@contextmanager
-def _open(store_url: str) -> Iterator[Database]:
-    """The store, with voltro_beat's tables in it (else one line suggesting the upgrade)."""
-    database = _existing(Database.open(store_url))
-    try:
-        missing = reads.missing_tables(database)
-        if missing:
-            raise click.ClickException(
-                f"store {hide_password(store_url)} has no {', '.join(missing)}: "
-                "run `voltro-beat db upgrade`"
-            )
-        yield database
-    finally:
-        database.dispose()
-
-
-def _existing(database: Database) -> Database:
-    """``database``, unless it is a SQLite file that does not exist: connecting would create
-    it, and a command that reads the store never creates one."""
-    path = database.file
-    if path is not None and not Path(path).exists():
-        database.dispose()
-        raise click.ClickException(
-            f"store {database.display_url}: no such file (no beat has run with this store): "
-            "start beat, run `voltro-beat db upgrade`, or name the store with --store or -A"
-        )
-    return database
-
-
 def _required_app(command: str) -> Celery:
-    app = _app()
+    app = current_app()
     if app is None:
         raise click.ClickException(
             f"{command} needs the Celery app (-A proj): its schedules and its broker"
@@ -841,7 +733,7 @@ def _required_app(command: str) -> Celery:
 
 def _known_schedule(name: str, database: Database, settings: Settings) -> None:
     """Refuse ``name`` unless it is a schedule of the app (-A) or one with run rows."""
-    app = _app()
+    app = current_app()
     recorded = reads.schedule_names(database)
     defined = [] if app is None else list(load_schedule(app, settings).entries)
     if name not in recorded and name not in defined:
@@ -944,8 +836,5 @@ def _json_value(value: object) -> str:
         return value.isoformat()
     raise TypeError(f"cannot encode {type(value).__name__}")
 
-
-# The schedules table's commands live in a module of their own, built on the helpers above.
-from voltro_beat.schedules_cli import schedules  # noqa: E402
 
 main.add_command(schedules)

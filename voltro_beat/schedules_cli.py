@@ -2,7 +2,7 @@
 
 Every edit is checked as beat checks the app's ``beat_schedule`` and names the revision it is
 based on (``--revision``, as ``ls`` or ``show`` printed it): an edit of a schedule that changed
-since is refused. Registered on the ``voltro-beat`` group by :mod:`voltro_beat.cli`.
+since is refused. A group of the ``voltro-beat`` command (:mod:`voltro_beat.cli`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rich.table import Table
 
 from voltro_beat import definitions, periodic_tasks
 from voltro_beat.beat_schedule import load_schedule
-from voltro_beat.cli import _app, _errors, _open, _settings_options, _stamp
+from voltro_beat.cli_options import current_app, errors, open_store, settings_options, stamp
 from voltro_beat.config import Settings
 from voltro_beat.exceptions import EditRefused
 from voltro_beat.occurrences import next_after
@@ -39,9 +39,9 @@ def schedules() -> None:
 
 @contextmanager
 def _table(settings: Settings) -> Iterator[ScheduleTable]:
-    app = _app()
+    app = current_app()
     code = [] if app is None else list(load_schedule(app, settings).entries)
-    with _errors(), _open(settings.store_url) as database:
+    with errors(), open_store(settings.store_url) as database:
         try:
             yield ScheduleTable(database, settings, code=code)
         except EditRefused as exc:
@@ -120,7 +120,7 @@ def _who(by: str | None) -> str:
 @click.argument("name")
 @_definition_options
 @click.option("--disabled", is_flag=True, help="Add it disabled.")
-@_settings_options()
+@settings_options()
 def add(settings: Settings, name: str, by: str | None, disabled: bool, **given: Any) -> None:
     """Add schedule NAME (fires from its first instant after the add)."""
     with _table(settings) as table:
@@ -132,7 +132,7 @@ def add(settings: Settings, name: str, by: str | None, disabled: bool, **given: 
 @click.argument("name")
 @click.option("--revision", type=int, required=True, help="The revision the change is based on.")
 @_definition_options
-@_settings_options()
+@settings_options()
 def set_(settings: Settings, name: str, revision: int, by: str | None, **given: Any) -> None:
     """Replace the definition of NAME (the fields not given are dropped)."""
     with _table(settings) as table:
@@ -144,7 +144,7 @@ def _switch(action: str) -> Any:
     @click.argument("name")
     @click.option("--revision", type=int, required=True, help="The revision it is based on.")
     @click.option("--by", default=None, help="Who makes the change (default: this OS user).")
-    @_settings_options()
+    @settings_options()
     def command(settings: Settings, name: str, revision: int, by: str | None) -> None:
         with _table(settings) as table:
             if action == "rm":
@@ -170,7 +170,7 @@ schedules.command("rm", help="Remove NAME (its history stays; claimed runs still
 
 
 @schedules.command("ls")
-@_settings_options()
+@settings_options()
 def ls(settings: Settings) -> None:
     """Every schedule of the table: its revision, next instant and last outcome."""
     with _table(settings) as table:
@@ -184,14 +184,14 @@ def ls(settings: Settings) -> None:
             entry = table.entry(row.name, row.definition)
             following = next_after(entry.spec, now) if row.enabled else None
             summary = last[row.name]
-            last_run = f"{summary.last_status} {_stamp(summary.last_at)}"
+            last_run = f"{summary.last_status} {stamp(summary.last_at)}"
             view.add_row(
                 row.name,
                 row.group,
                 "yes" if row.enabled else "no",
                 str(row.revision),
                 json.dumps(row.definition.get("schedule")),
-                _stamp(following),
+                stamp(following),
                 "" if summary.last_at is None else last_run,
             )
     Console(width=max(Console().width, 160)).print(view)
@@ -199,7 +199,7 @@ def ls(settings: Settings) -> None:
 
 @schedules.command("show")
 @click.argument("name")
-@_settings_options()
+@settings_options()
 def show(settings: Settings, name: str) -> None:
     """NAME's definition, revision, the live replicas that applied it, and its changes."""
     with _table(settings) as table:
@@ -210,7 +210,7 @@ def show(settings: Settings, name: str) -> None:
         live = [r for r in Registry(table.database).everyone() if lives(r, now)]
         history = table.history(name)
     click.echo(f"{name}  revision {row.revision}  {'enabled' if row.enabled else 'disabled'}")
-    click.echo(f"changed by {row.changed_by} at {_stamp(row.changed_at)}")
+    click.echo(f"changed by {row.changed_by} at {stamp(row.changed_at)}")
     click.echo(json.dumps(row.definition, indent=2))
     behind = sorted(r.name for r in live if r.schedules_revision < row.revision)
     applied = f"applied by {len(live) - len(behind)} of {len(live)} live replicas"
@@ -220,7 +220,7 @@ def show(settings: Settings, name: str) -> None:
 
 @schedules.command("history")
 @click.argument("name")
-@_settings_options()
+@settings_options()
 def history(settings: Settings, name: str) -> None:
     """NAME's changes, oldest first: revision, action, who, when, and what changed."""
     with _table(settings) as table:
@@ -235,13 +235,13 @@ def _print_history(changes: list[Any]) -> None:
         after = "" if c.after is None else json.dumps(c.after["definition"])
         state = "" if c.after is None else (" enabled" if c.after["enabled"] else " disabled")
         click.echo(
-            f"  r{c.revision}  {_stamp(c.changed_at)}  {c.action:<8} {c.changed_by}{state}  {after}"
+            f"  r{c.revision}  {stamp(c.changed_at)}  {c.action:<8} {c.changed_by}{state}  {after}"
         )
 
 
 @schedules.command("export")
 @click.option("--python", "as_python", is_flag=True, help="A beat_schedule dict in Python.")
-@_settings_options()
+@settings_options()
 def export(settings: Settings, as_python: bool) -> None:
     """Print the table's enabled schedules as JSON (or as a Python beat_schedule)."""
     with _table(settings) as table:
@@ -267,7 +267,7 @@ def export(settings: Settings, as_python: bool) -> None:
     "postgresql://..., sqlite:///...) instead of the app's beat_schedule.",
 )
 @click.option("--by", default=None, help="Who makes the change (default: this OS user).")
-@_settings_options()
+@settings_options()
 def import_(settings: Settings, dcb_url: str | None, by: str | None) -> None:
     """Add the app's (-A) beat_schedule entries, or django-celery-beat's periodic tasks, to
     the table; a name the table has already is left as it is. The app keeps defining its
@@ -277,7 +277,7 @@ def import_(settings: Settings, dcb_url: str | None, by: str | None) -> None:
         table.code = frozenset()  # the app defines them: that is what is imported
         existing = {r.name for r in table.rows.all()}
         if dcb_url is None:
-            app = _app()
+            app = current_app()
             if app is None:
                 raise click.ClickException("import needs the app (-A) or --django-celery-beat")
             found = [
