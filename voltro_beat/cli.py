@@ -37,6 +37,7 @@ from voltro_beat.exceptions import ConfigurationError
 from voltro_beat.occurrences import (
     latest_at_or_before,
     next_after,
+    next_instants,
     occurrence_key,
     occurrences_between,
     task_id_for,
@@ -100,12 +101,9 @@ def preview(schedule: str, zone: str | None, count: int, name: str, after: str |
         check_name(name)
         if spec is None:
             spec = _preview_spec(schedule, name, zone)
-        instant: datetime | None = _start(after, zone)
-        instants: list[tuple[datetime, str]] = []
-        while len(instants) < count and instant is not None:
-            instant = next_after(spec, instant)
-            if instant is not None:
-                instants.append((instant, occurrence_key(name, instant)))
+        instants = [
+            (at, occurrence_key(name, at)) for at in next_instants(spec, _start(after, zone), count)
+        ]
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
     local_zone = ZoneInfo(zone or "UTC")

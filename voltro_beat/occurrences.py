@@ -98,6 +98,18 @@ def next_after(schedule: object, after: datetime, *, tz: str | None = None) -> d
     return _next(_spec(schedule, tz), after)
 
 
+def next_instants(spec: Spec, after: datetime, count: int) -> list[datetime]:
+    """The first ``count`` occurrences strictly after ``after`` (fewer if the schedule ends)."""
+    _require_aware(after, "after")
+    found: list[datetime] = []
+    while len(found) < count:
+        at = _next(spec, found[-1] if found else after)
+        if at is None:
+            break
+        found.append(at)
+    return found
+
+
 def occurrences_between(
     schedule: object, start: datetime, end: datetime, *, tz: str | None = None
 ) -> Iterator[datetime]:

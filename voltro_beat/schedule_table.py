@@ -15,14 +15,19 @@ clock): :meth:`ScheduleTable.history`.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import json
+from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from voltro_beat import definitions
 from voltro_beat.config import Settings
 from voltro_beat.exceptions import ConfigurationError, EditRefused
+from voltro_beat.occurrences import next_instants
+from voltro_beat.replicas import lives
 from voltro_beat.schedules import Entry
 from voltro_beat.store.database import Database
+from voltro_beat.store.registry import Registry
 from voltro_beat.store.schedule_rows import ScheduleChange, ScheduleRow, ScheduleRows
 
 #: What an edit records as its author when none is given.
@@ -96,6 +101,21 @@ class ScheduleTable:
         """The changes of ``name``, oldest first."""
         return self.rows.history(name)
 
+    def next_instants(self, name: str, definition: Mapping[str, Any], count: int) -> list[datetime]:
+        """The next ``count`` instants of ``definition`` after now on the database's clock (the
+        one the change would be committed on); raises :class:`ConfigurationError` as saving
+        it would."""
+        return next_instants(self.entry(name, definition).spec, self.database.time(), count)
+
+    def applied(self, row: ScheduleRow) -> str:
+        """``applied by 3 of 3 live replicas``, or which live replicas are behind ``row``
+        (the registry's ``schedules_revision``, liveness on the database's clock)."""
+        now = self.database.time()
+        live = [r for r in Registry(self.database).everyone() if lives(r, now)]
+        behind = sorted(r.name for r in live if r.schedules_revision < row.revision)
+        text = f"applied by {len(live) - len(behind)} of {len(live)} live replicas"
+        return text + (f" (behind: {', '.join(behind)})" if behind else "")
+
     def _switch(self, name: str, enabled: bool, revision: int, by: str) -> ScheduleRow:
         current = self._current(name)
         entry = self.entry(name, current.definition)
@@ -110,6 +130,17 @@ class ScheduleTable:
         if found is None:
             raise EditRefused(f"no schedule {name!r} in the schedules table", name=name)
         return found
+
+
+def change_lines(changes: Sequence[ScheduleChange]) -> list[str]:
+    """One line per change, oldest first: revision, when, action, who, and the row after it."""
+    lines = []
+    for c in changes:
+        state = "" if c.after is None else (" enabled" if c.after["enabled"] else " disabled")
+        after = "" if c.after is None else " " + json.dumps(c.after["definition"])
+        when = f"{c.changed_at:%Y-%m-%d %H:%M:%S}"
+        lines.append(f"r{c.revision} {when} {c.action} by {c.changed_by}{state}{after}")
+    return lines
 
 
 def _after(entry: Entry, definition: Mapping[str, Any], enabled: bool) -> dict[str, Any]:

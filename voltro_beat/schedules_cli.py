@@ -22,11 +22,10 @@ from voltro_beat.beat_schedule import load_schedule
 from voltro_beat.cli_options import current_app, errors, open_store, settings_options, stamp
 from voltro_beat.config import Settings
 from voltro_beat.exceptions import EditRefused
-from voltro_beat.occurrences import next_after
-from voltro_beat.replicas import lives
-from voltro_beat.schedule_table import ScheduleTable
+from voltro_beat.occurrences import next_instants
+from voltro_beat.schedule_table import ScheduleTable, change_lines
 from voltro_beat.store import reads
-from voltro_beat.store.registry import Registry
+from voltro_beat.store.schedule_rows import ScheduleChange
 
 
 @click.group()
@@ -38,9 +37,11 @@ def schedules() -> None:
 
 
 @contextmanager
-def _table(settings: Settings) -> Iterator[ScheduleTable]:
+def _table(settings: Settings, *, importing: bool = False) -> Iterator[ScheduleTable]:
+    """The table, knowing the app's (-A) entries, which an add may not shadow (unless the
+    entries are what is being imported)."""
     app = current_app()
-    code = [] if app is None else list(load_schedule(app, settings).entries)
+    code = [] if app is None or importing else list(load_schedule(app, settings).entries)
     with errors(), open_store(settings.store_url) as database:
         try:
             yield ScheduleTable(database, settings, code=code)
@@ -182,7 +183,7 @@ def ls(settings: Settings) -> None:
             view.add_column(column, no_wrap=True)
         for row in rows:
             entry = table.entry(row.name, row.definition)
-            following = next_after(entry.spec, now) if row.enabled else None
+            following = next(iter(next_instants(entry.spec, now, 1)), None) if row.enabled else None
             summary = last[row.name]
             last_run = f"{summary.last_status} {stamp(summary.last_at)}"
             view.add_row(
@@ -206,15 +207,12 @@ def show(settings: Settings, name: str) -> None:
         row = table.rows.get([name]).get(name)
         if row is None:
             raise click.ClickException(f"no schedule {name!r} in the schedules table")
-        now = table.database.time()
-        live = [r for r in Registry(table.database).everyone() if lives(r, now)]
+        applied = table.applied(row)
         history = table.history(name)
     click.echo(f"{name}  revision {row.revision}  {'enabled' if row.enabled else 'disabled'}")
     click.echo(f"changed by {row.changed_by} at {stamp(row.changed_at)}")
     click.echo(json.dumps(row.definition, indent=2))
-    behind = sorted(r.name for r in live if r.schedules_revision < row.revision)
-    applied = f"applied by {len(live) - len(behind)} of {len(live)} live replicas"
-    click.echo(applied + (f" (behind: {', '.join(behind)})" if behind else ""))
+    click.echo(applied)
     _print_history(history)
 
 
@@ -230,13 +228,9 @@ def history(settings: Settings, name: str) -> None:
     _print_history(changes)
 
 
-def _print_history(changes: list[Any]) -> None:
-    for c in changes:
-        after = "" if c.after is None else json.dumps(c.after["definition"])
-        state = "" if c.after is None else (" enabled" if c.after["enabled"] else " disabled")
-        click.echo(
-            f"  r{c.revision}  {stamp(c.changed_at)}  {c.action:<8} {c.changed_by}{state}  {after}"
-        )
+def _print_history(changes: list[ScheduleChange]) -> None:
+    for line in change_lines(changes):
+        click.echo(f"  {line}")
 
 
 @schedules.command("export")
@@ -273,8 +267,7 @@ def import_(settings: Settings, dcb_url: str | None, by: str | None) -> None:
     the table; a name the table has already is left as it is. The app keeps defining its
     entries until they are removed from its code (set voltro_beat_schedule_conflicts
     meanwhile)."""
-    with _table(settings) as table:
-        table.code = frozenset()  # the app defines them: that is what is imported
+    with _table(settings, importing=True) as table:
         existing = {r.name for r in table.rows.all()}
         if dcb_url is None:
             app = current_app()

@@ -20,7 +20,7 @@ from voltro_beat.beat_schedule import load_schedule
 from voltro_beat.config import Settings
 from voltro_beat.contrib.display import colour, lag, seconds_text
 from voltro_beat.exceptions import VoltroBeatError
-from voltro_beat.occurrences import next_after
+from voltro_beat.occurrences import next_instants
 from voltro_beat.replicas import Replica
 from voltro_beat.schedules import DEFAULT_GROUP
 from voltro_beat.tally import Tally, tally
@@ -153,13 +153,7 @@ def upcoming(app_path: str | None, *, now: datetime, count: int = UPCOMING) -> U
     groups: Counter[str] = Counter()
     for entry in entries:
         groups[entry.group] += 1
-        instants: list[datetime] = []
-        instant: datetime | None = now
-        while len(instants) < count and instant is not None:
-            instant = next_after(entry.spec, instant)
-            if instant is not None:
-                instants.append(instant)
-        found[entry.name] = tuple(instants)
+        found[entry.name] = tuple(next_instants(entry.spec, now, count))
     return Upcoming(found, groups=groups)
 
 

@@ -19,13 +19,10 @@ from typing import Any
 from voltro_beat.beat_schedule import load_schedule
 from voltro_beat.config import Settings
 from voltro_beat.exceptions import ConfigurationError, EditRefused
-from voltro_beat.occurrences import next_after
 from voltro_beat.on_demand import load_app
-from voltro_beat.replicas import lives
 from voltro_beat.schedule_table import ScheduleTable
 from voltro_beat.store.database import Database
-from voltro_beat.store.registry import Registry
-from voltro_beat.store.schedule_rows import ScheduleChange, ScheduleRow
+from voltro_beat.store.schedule_rows import ScheduleRow
 
 #: Instants a preview shows.
 PREVIEW = 5
@@ -65,17 +62,10 @@ def document(name: str, text: str) -> dict[str, Any]:
     return doc
 
 
-def preview(table: ScheduleTable, edit: Edit, now: datetime) -> list[datetime]:
-    """The next :data:`PREVIEW` instants of the definition typed (raises
-    :class:`ConfigurationError` as saving would)."""
-    entry = table.entry(edit.name, document(edit.name, edit.definition))
-    found: list[datetime] = []
-    at: datetime | None = now
-    while at is not None and len(found) < PREVIEW:
-        at = next_after(entry.spec, at)
-        if at is not None:
-            found.append(at)
-    return found
+def preview(table: ScheduleTable, edit: Edit) -> list[datetime]:
+    """The next :data:`PREVIEW` instants of the definition typed, after now on the database's
+    clock (raises :class:`ConfigurationError` as saving would)."""
+    return table.next_instants(edit.name, document(edit.name, edit.definition), PREVIEW)
 
 
 def preview_text(instants: Sequence[datetime]) -> str:
@@ -102,25 +92,3 @@ def save(table: ScheduleTable, edit: Edit, by: str) -> ScheduleRow:
         switch = table.enable if edit.enabled else table.disable
         row = switch(edit.name, revision=revision, by=by)
     return row
-
-
-def applied(table: ScheduleTable, row: ScheduleRow) -> str:
-    """``applied by 3 of 3 live replicas``, or which live replicas are behind ``row``."""
-    now = table.database.time()
-    live = [r for r in Registry(table.database).everyone() if lives(r, now)]
-    behind = sorted(r.name for r in live if r.schedules_revision < row.revision)
-    text = f"applied by {len(live) - len(behind)} of {len(live)} live replicas"
-    return text + (f" (behind: {', '.join(behind)})" if behind else "")
-
-
-def history_lines(changes: Sequence[ScheduleChange]) -> list[str]:
-    """One line per change, newest first."""
-    lines = []
-    for c in reversed(changes):
-        state = "" if c.after is None else (" enabled" if c.after["enabled"] else " disabled")
-        after = "" if c.after is None else " " + json.dumps(c.after["definition"])
-        lines.append(
-            f"r{c.revision} {c.changed_at:%Y-%m-%d %H:%M:%S} {c.action} by {c.changed_by}"
-            f"{state}{after}"
-        )
-    return lines

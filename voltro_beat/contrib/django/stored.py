@@ -10,7 +10,6 @@ the app's zone and ``max_lateness`` defaults and its own entries' names.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
@@ -27,7 +26,7 @@ from voltro_beat.contrib import schedule_forms
 from voltro_beat.contrib.django.apps import database
 from voltro_beat.contrib.django.models import StoredSchedule
 from voltro_beat.exceptions import ConfigurationError, EditRefused
-from voltro_beat.schedule_table import ScheduleTable
+from voltro_beat.schedule_table import ScheduleTable, change_lines
 
 #: The submit button that shows the next instants instead of saving.
 PREVIEW = "_preview"
@@ -97,7 +96,7 @@ class StoredScheduleForm(forms.ModelForm):
         )
         try:
             if PREVIEW in self.data:
-                shown = schedule_forms.preview(table(), edit, datetime.now(UTC))
+                shown = schedule_forms.preview(table(), edit)
                 raise ValidationError(schedule_forms.preview_text(shown))
             self.saved = schedule_forms.save(table(), edit, self.user)
         except ConfigurationError as exc:
@@ -147,7 +146,7 @@ class StoredScheduleAdmin(admin.ModelAdmin):
     def next_instants(self, obj: StoredSchedule) -> str:
         edit = schedule_forms.Edit(obj.name, obj.definition, obj.enabled, obj.revision)
         try:
-            shown = schedule_forms.preview(table(), edit, datetime.now(UTC))
+            shown = schedule_forms.preview(table(), edit)
         except ConfigurationError as exc:
             return str(exc)
         return ", ".join(f"{at:%Y-%m-%d %H:%M:%S} UTC" for at in shown) or "none"
@@ -155,11 +154,11 @@ class StoredScheduleAdmin(admin.ModelAdmin):
     @admin.display(description="applied")
     def applied(self, obj: StoredSchedule) -> str:
         row = table().rows.get([obj.name]).get(obj.name)
-        return "" if row is None else schedule_forms.applied(table(), row)
+        return "" if row is None else table().applied(row)
 
     @admin.display(description="changes")
     def changes(self, obj: StoredSchedule) -> SafeString:
-        lines = schedule_forms.history_lines(table().history(obj.name))
+        lines = change_lines(table().history(obj.name))
         return format_html(
             "<ul style='margin:0'>{}</ul>",
             format_html_join("", "<li><code>{}</code></li>", ((line,) for line in lines)),

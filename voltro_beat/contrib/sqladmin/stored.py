@@ -9,7 +9,6 @@ through sqladmin's own session; *Preview next instants* shows them without savin
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import anyio
@@ -21,13 +20,12 @@ from wtforms.validators import Optional
 from voltro_beat.contrib.display import instant_text
 from voltro_beat.contrib.schedule_forms import (
     Edit,
-    history_lines,
     preview,
     preview_text,
     save,
 )
 from voltro_beat.contrib.sqladmin.models import StoredSchedule
-from voltro_beat.schedule_table import ScheduleTable
+from voltro_beat.schedule_table import ScheduleTable, change_lines
 
 #: The form's button that shows the next instants instead of saving.
 PREVIEW_BUTTON = "Preview next instants"
@@ -110,7 +108,7 @@ class StoredScheduleAdmin(ModelView, model=StoredSchedule):
         )
         form = await request.form()
         if form.get("save") == PREVIEW_BUTTON:
-            shown = await anyio.to_thread.run_sync(lambda: preview(table, edit, datetime.now(UTC)))
+            shown = await anyio.to_thread.run_sync(lambda: preview(table, edit))
             raise NotSaved(preview_text(shown))
         row = await anyio.to_thread.run_sync(lambda: save(table, edit, _user(request)))
         return StoredSchedule(name=row.name, revision=row.revision)
@@ -121,8 +119,8 @@ class StoredScheduleAdmin(ModelView, model=StoredSchedule):
         return self.table
 
     def changes(self, name: str) -> list[str]:
-        """The schedule's changes, newest first (the edit page shows them)."""
-        return [] if self.table is None else history_lines(self.table.history(name))
+        """The schedule's changes, oldest first (the edit page shows them)."""
+        return [] if self.table is None else change_lines(self.table.history(name))
 
 
 def _user(request: Request) -> str:
