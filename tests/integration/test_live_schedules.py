@@ -167,3 +167,20 @@ def test_a_replica_behind_on_the_table_cannot_fire_the_old_definition_after_the_
     revisions = {k: r.revision for k, r in rows(store_url).items() if r.schedule == "live"}
     assert sorted(revisions.values()) == [1, 1, 1, 2, 2]
     assert {r.replica for k, r in rows(store_url).items() if k.endswith((":06", ":09"))} == {"r1"}
+
+
+def test_a_step_late_past_a_change_still_claims_the_old_definitions_instants_before_it(
+    replicas: Any, store_url: str, edit: Callable[[datetime], ScheduleTable]
+) -> None:
+    r1 = replicas("r1", schedule=HOURLY)
+    run([r1], 0, 1)
+    added = edit(sec(1.2)).add("live", EVERY_SECOND)
+    run([r1], 1.5, 3)
+    # r1 misses its steps (a pause); meanwhile the schedule changes at 5.5.
+    edit(sec(5.5)).set(
+        "live", {**EVERY_SECOND, "schedule": "*/10 * * * * *"}, revision=added.revision
+    )
+    run([r1], 6, 11)
+    # 4 and 5 fell before the change: claimed (late) by the step that also reads the change;
+    # 6 to 9 are the old definition's after it (none); 10 the new one's.
+    assert seconds(fired(store_url)) == [2, 3, 4, 5, 10]

@@ -9,7 +9,8 @@ shadowed by the app's own entry (``voltro_beat_schedule_conflicts``), or a row t
 check (written around the API: logged at ERROR, once per revision). An edit takes effect from
 the first occurrence of the new definition after its commit, on the database's clock
 (docs/schedule-table.md). Applying one costs the changed schedule only: its pending instants
-dropped in place, its template forgotten, its shard, overlap timeout and catch-up floor set.
+ended in place (those before the change are still recorded), its template forgotten, its
+shard, overlap timeout and catch-up floor set.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ class Live:
         self._clock = clock
         #: The newest revision applied (0: none yet).
         self.applied = 0
+        #: Whether the table was read once (an empty one too: later reads ask what changed).
+        self._read = False
         #: Schedules of the table that no longer fire here (removed, disabled, moved to
         #: another group): known still, for the runs they have claimed already.
         self.silent: set[str] = set()
@@ -108,7 +111,10 @@ class Live:
 
     def _apply(self, change: Change, *, boot: bool) -> None:
         name, entry = change.name, change.entry
-        self._timeline.drop(name)
+        # A removed row's change is not read: now is after it, and the claim refuses what the
+        # old definition would fire after the change.
+        since = change.since or self._clock.now()
+        self._timeline.end(name, since)
         self._publisher.forget(name)
         self._membership.table.discard(name)
         self._overlap.pop(name, None)
@@ -117,7 +123,6 @@ class Live:
             if name in self._entries:
                 self.silent.add(name)
             return
-        since = change.since or self._clock.now()
         self._entries[name] = entry
         self.silent.discard(name)
         self._membership.table.add(name)
@@ -132,11 +137,12 @@ class Live:
 
     def changes(self) -> tuple[int, list[Change]]:
         """The newest revision and what changed after :attr:`applied` (raises
-        :class:`~voltro_beat.exceptions.StoreError`); the caller applies them, then sets
-        :attr:`applied`."""
-        if self.applied == 0:  # the first read: every row, not the whole history
+        :class:`~voltro_beat.exceptions.StoreError`): at the first read every row as it
+        stands, not the whole history (:meth:`follow` applies them)."""
+        if not self._read:
             newest = self.rows.revision()
             rows: Mapping[str, ScheduleRow | None] = {r.name: r for r in self.rows.all()}
+            self._read = True
         else:
             newest, rows = self.rows.changed_since(self.applied)
         return newest, [self._change(name, row) for name, row in rows.items()]

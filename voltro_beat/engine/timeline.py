@@ -35,7 +35,9 @@ class Pending:
 
     entry: Entry
     instants: list[datetime]
-    #: False once its schedule's definition changed (:meth:`Timeline.drop`): skipped.
+    #: Its definition's last instant is before this (it changed then: :meth:`Timeline.end`).
+    until: datetime | None = None
+    #: False once no instant of it is left: skipped.
     live: bool = True
 
     def advance(self, now: datetime) -> None:
@@ -47,7 +49,10 @@ class Pending:
             at = next_after(self.entry.spec, at)
         if not instants and at is not None:
             instants.append(at)
-        self.instants = instants
+        self.instants = self._before_until(instants)
+
+    def _before_until(self, instants: list[datetime]) -> list[datetime]:
+        return instants if self.until is None else [at for at in instants if at < self.until]
 
 
 class Timeline:
@@ -96,12 +101,15 @@ class Timeline:
                 due.append(pending)
         return due
 
-    def drop(self, name: str) -> None:
-        """Take schedule ``name`` off the timeline (its definition changed), in place: it is
-        skipped when it comes up."""
+    def end(self, name: str, at: datetime) -> None:
+        """Schedule ``name``'s definition changed at ``at``: its instants before then are
+        still recorded (a step may come late), none after. In place: the rest is skipped
+        when it comes up."""
         pending = self._by_name.pop(name, None)
         if pending is not None:
-            pending.live = False
+            pending.until = at
+            pending.instants = pending._before_until(pending.instants)
+            pending.live = bool(pending.instants)
 
     def requeue(self) -> None:
         """Give every schedule its claim time again (the schedules deferred changed)."""
