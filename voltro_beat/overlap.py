@@ -7,7 +7,8 @@ functions decide through the gate, so replicas deciding at once still leave one 
 * ``skip``: while a previous run is in flight (claimed, published, started or retrying),
   record the new occurrence ``skipped`` (reason ``overlap``) and do not publish it.
 * ``queue``: record it ``queued``; it is published, oldest first and one at a time, once no
-  earlier run of the schedule is live (see :func:`next_to_promote`).
+  earlier run of the schedule is live, or recorded missed once older than its lateness,
+  whether its turn came or not (see :func:`promotion`).
 
 A live run older than the schedule's overlap timeout (counted from when it started, else was
 published, else claimed: the run's ``since``) no longer blocks anything: it is reported
@@ -65,8 +66,10 @@ def with_claimed(live: View, run: Run) -> View:
     return View((*live.running, run), live.queued, live.stale)
 
 
-def next_to_promote(live: View) -> Run | None:
-    """The queued run to publish now: the oldest, once nothing of the schedule is running."""
-    if live.running or not live.queued:
-        return None
-    return live.queued[0]
+def promotion(live: View, now: datetime, lateness: timedelta) -> tuple[tuple[Run, ...], Run | None]:
+    """The queued runs past ``lateness`` (never to be published: to record missed now, not
+    when their turn comes) and the queued run to publish now: the oldest of the others, once
+    nothing of the schedule is running."""
+    overdue = tuple(r for r in live.queued if now - r.occurrence.scheduled_at > lateness)
+    waiting = live.queued[len(overdue) :]
+    return overdue, None if live.running or not waiting else waiting[0]

@@ -450,6 +450,31 @@ def test_overlap_queue_backlog_older_than_the_timeout(replicas: Any, store_url: 
     assert {r.status for k, r in rows(store_url).items() if k > key(3)} == {"queued"}
 
 
+def test_a_queued_run_past_its_lateness_is_missed_while_its_predecessor_runs(
+    replicas: Any, store_url: str
+) -> None:
+    # A task slower than its cadence: the backlog's runs older than max_lateness can never be
+    # published. They are recorded missed once past it, not left queued until their turn.
+    schedule = {
+        "s": {"task": "proj.work", "schedule": 1.0, "on_overlap": "queue", "max_lateness": 3}
+    }
+    r1 = replicas("r1", schedule=schedule)
+    key = "s@2026-01-01T10:00:{:02}".format
+    for n in range(9):
+        tick(r1, sec(n))
+        if n:  # s@1 is published, then keeps running
+            start(store_url, key(1), sec(n))
+    found = rows(store_url)
+    assert {k: (r.status, r.reason) for k, r in found.items() if k != key(1)} == {
+        **{key(n): ("missed", "late") for n in range(2, 5)},
+        **{key(n): ("queued", None) for n in range(5, 9)},
+    }
+    finish(store_url, key(1))
+    tick(r1, sec(9))
+    assert [h["voltro_occurrence"] for h in drain(r1.app)] == [key(1), key(6)]
+    assert rows(store_url)[key(5)].reason == "late"
+
+
 def test_catch_up_respects_the_overlap_policy(replicas: Any, store_url: str) -> None:
     schedule = {"s": {"task": "proj.work", "schedule": 5.0, "on_overlap": "skip"}}
     first = replicas("r1", schedule=schedule)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from voltro_beat.occurrences import Occurrence
-from voltro_beat.overlap import decide, next_to_promote, view, with_claimed
+from voltro_beat.overlap import decide, promotion, view, with_claimed
 from voltro_beat.runs import Run
 from voltro_beat.status import Status
 
@@ -76,6 +76,17 @@ def test_same_tick_occurrences_queue_behind_the_first() -> None:
 
 def test_promotion_is_oldest_first_and_one_at_a_time() -> None:
     queued = [run(3, "queued"), run(2, "queued")]
-    assert next_to_promote(view([run(1, "started"), *queued], now=at(4), timeout=HOUR)) is None
-    assert next_to_promote(view(queued, now=at(4), timeout=HOUR)) == run(2, "queued")
-    assert next_to_promote(view([], now=at(4), timeout=HOUR)) is None
+    live = view([run(1, "started"), *queued], now=at(4), timeout=HOUR)
+    assert promotion(live, at(4), HOUR) == ((), None)
+    assert promotion(view(queued, now=at(4), timeout=HOUR), at(4), HOUR) == ((), run(2, "queued"))
+    assert promotion(view([], now=at(4), timeout=HOUR), at(4), HOUR) == ((), None)
+
+
+def test_queued_runs_past_their_lateness_are_missed_before_their_turn() -> None:
+    # s@1 still runs; s@2 and s@3 can no longer be published within 5 s of their instant.
+    queued = [run(4, "queued"), run(2, "queued"), run(3, "queued")]
+    live = view([run(1, "started"), *queued], now=at(9), timeout=HOUR)
+    late = timedelta(seconds=5)
+    assert promotion(live, at(9), late) == ((run(2, "queued"), run(3, "queued")), None)
+    alone = view(queued, now=at(9), timeout=HOUR)
+    assert promotion(alone, at(9), late) == ((run(2, "queued"), run(3, "queued")), run(4, "queued"))

@@ -70,20 +70,19 @@ class Guard:
         return decided
 
     def promote(self, now: datetime, dispatch: Dispatcher, lease: timedelta) -> None:
-        """Publish the oldest queued run of each ``queue`` schedule whose predecessor ended
-        (or record it missed, past its lateness)."""
+        """Record the queued runs past their lateness missed, and publish the oldest other
+        queued run of each ``queue`` schedule whose predecessor ended."""
         views = self._live_views(self.queues, now)
         for name, view in views.items():
-            run = overlap.next_to_promote(view)
-            if run is None:
-                continue
-            entry = self._entries[name]
-            o = run.occurrence
-            if now - o.scheduled_at > entry.max_lateness:
-                self._store.mark_missed([o.key], reason=Reason.LATE, waiting=Status.QUEUED)
-                self._metrics.missed([replace(run, status=Status.MISSED, reason=Reason.LATE)])
-            elif self._store.promote(o.key, lease=lease):
-                dispatch.send([o])
+            overdue, run = overlap.promotion(view, now, self._entries[name].max_lateness)
+            if overdue:
+                keys = [r.occurrence.key for r in overdue]
+                self._store.mark_missed(keys, reason=Reason.LATE, waiting=Status.QUEUED)
+                self._metrics.missed(
+                    [replace(r, status=Status.MISSED, reason=Reason.LATE) for r in overdue]
+                )
+            if run is not None and self._store.promote(run.occurrence.key, lease=lease):
+                dispatch.send([run.occurrence])
 
     def _live_views(self, names: list[str], now: datetime) -> dict[str, overlap.View]:
         """Each schedule's live runs; stale ones are marked in their rows on the way."""
