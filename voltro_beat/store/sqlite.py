@@ -166,23 +166,16 @@ class SQLite(Dialect):
                         }
                         for r in chunk
                     ]
-                    stmt = (
-                        sqlite.insert(claims)
-                        .values(rows)
-                        .on_conflict_do_nothing()
-                        .returning(claims.c.id)
-                    )
-                    inserted = {row[0] for row in conn.execute(stmt)}
+                    inserted = {row[0] for row in conn.execute(_CLAIM, rows)}
                     chunk = [r for r in chunk if r.occurrence.key in inserted]
                     if not chunk:
                         continue
-                stmt = (
-                    sqlite.insert(runs)
-                    .values([_run_row(r, outcome, replica, now, lease, held) for r in chunk])
-                    .on_conflict_do_nothing()
-                    .returning(runs.c.id)
-                )
-                recorded = {row[0] for row in conn.execute(stmt)}
+                recorded = {
+                    row[0]
+                    for row in conn.execute(
+                        _RECORD, [_run_row(r, outcome, replica, now, lease, held) for r in chunk]
+                    )
+                }
                 won |= recorded
                 prunes = [
                     {"s": o.schedule, "b": o.scheduled_at - prune[o.schedule]}
@@ -325,6 +318,13 @@ def _current(conn: Connection, batch: Sequence[Run]) -> Sequence[Run]:
             for revision, at in changed[r.occurrence.schedule]
         )
     ]
+
+
+# Executed with a list of rows: compiled once, sent as multi-row VALUES batches (SQLAlchemy's
+# "insertmanyvalues"). A statement built with .values(rows) instead is compiled again for every
+# chunk, a bind parameter per column and row: 65 s for a 100,000-schedule burst.
+_CLAIM = sqlite.insert(claims).on_conflict_do_nothing().returning(claims.c.id)
+_RECORD = sqlite.insert(runs).on_conflict_do_nothing().returning(runs.c.id)
 
 
 def _run_row(
