@@ -568,6 +568,12 @@ def test_fence_renewal_and_mark_update_rows_in_place(pg_url: str) -> None:
     status, say) or if the table's pages lack room (migration 0005's fill factor)."""
     store = open_store(pg_url, replica="a")
     store.database.upgrade()
+    with store.database.engine.begin() as conn:
+        # An autovacuum ANALYZE of the fresh rows holds a snapshot in this database: the
+        # fence's dead versions can then not be pruned, and the next update finds no room
+        # (seen once in CI, 1,228 of 1,800 in place). What is measured is that no update sets
+        # an indexed column and that the pages leave room: nobody else is in the table.
+        conn.execute(sa.text(f"ALTER TABLE {runs.name} SET (autovacuum_enabled = off)"))
     batch = [occ(n) for n in range(600)]
     store.claim(batch, coordination=LOCK, lease=LEASE)
     keys = [r.occurrence.key for r in batch]
