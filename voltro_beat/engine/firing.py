@@ -262,8 +262,12 @@ class Engine:
                     self.timeline.push(p)
 
     def _record(self, runs: list[Run], now: datetime) -> None:
-        for o in self.recorder.record(runs, now, self.gate.tenure):
-            self.ready.push(o)
+        for won in self.recorder.record(runs, now, self.gate.tenure):
+            for o in won:
+                self.ready.push(o)
+            # Between two claim statements: what the last one won is fenced and published as
+            # its instant comes (a long claim must not outlast the first leases).
+            self.ready.publish()
 
     def _owe(self, names: Iterable[str], now: datetime, *, taken_over: bool) -> None:
         """Owe a catch-up of schedules ``names``, at boot or as their shard is ``taken_over``

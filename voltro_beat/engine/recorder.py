@@ -25,8 +25,12 @@ from voltro_beat.store.beat import BeatStore
 
 logger = logging.getLogger(__name__)
 
-#: Occurrences per claim statement: a tick claims everything due in one round trip up to this.
-BATCH = 100_000
+#: Occurrences per claim statement. What each statement won is handed over before the next
+#: one: a claim of a whole burst that starts late (a cold start with the boundary inside the
+#: claim lead, three replicas on two cores) publishes its first batches before their leases,
+#: counted from their instant, run out; in one statement of 100,000 it took longer than the
+#: lease and all of it went through recovery.
+BATCH = 10_000
 
 
 def run_of(entry: Entry, at: datetime, now: datetime, down: datetime | None) -> Run:
@@ -72,13 +76,13 @@ class Recorder:
 
     def record(
         self, runs: list[Run], now: datetime, tenure: Tenure | None = None
-    ) -> list[Occurrence]:
+    ) -> Iterator[list[Occurrence]]:
         """Send ``runs`` through the gate (as the shard owner ``tenure`` says, in ``cluster``
-        coordination); return the occurrences won to publish."""
+        coordination), :data:`BATCH` at a time; yield the occurrences each batch won to
+        publish, as it commits."""
         # Sorted by key, every replica locks the keys in the same order: no deadlock between
         # claim statements.
         runs = sorted(self._guard.apply(_revised(runs, self._entries), now), key=_key)
-        won_claims: list[Occurrence] = []
         recorded: dict[tuple[str, str, str | None], list[datetime]] = collections.defaultdict(list)
         for i in range(0, len(runs), BATCH):
             batch = runs[i : i + BATCH]
@@ -98,6 +102,7 @@ class Recorder:
                     lost,
                     extra=logs.fields(count=lost),
                 )
+            won_claims: list[Occurrence] = []
             for run in batch:
                 o = run.occurrence
                 if o.key not in won:
@@ -115,8 +120,8 @@ class Recorder:
                         ),
                     )
                     recorded[o.schedule, run.status, run.reason].append(o.scheduled_at)
+            yield won_claims
         self._summarise(recorded)
-        return won_claims
 
     def track(self, entry: Entry, floor: datetime) -> None:
         """Record ``entry`` (of the schedules table, changed at ``floor``) from now on."""
@@ -142,11 +147,12 @@ class Recorder:
         is no longer "just taken" by then)."""
         while self._owed:
             c = self._owed[0]
-            yield from self.record(
+            for won in self.record(
                 self.catch_up(c.entries, c.now, c.live_since, c.since, c.live_until),
                 now,
                 tenure,
-            )
+            ):
+                yield from won
             self._owed.popleft()
 
     def catch_up(

@@ -35,6 +35,10 @@ logger = logging.getLogger(__name__)
 STORE_DOWN_REPEAT = 30.0
 #: How often the metrics' gauges (clock offset, table sizes) are read, when metrics are on.
 MEASURE_EVERY = timedelta(seconds=15)
+#: The longest a step spends building message templates (seconds): the rest waits for the
+#: next steps, which come at once. Built all in one step, 100,000 templates hold beat's loop
+#: (its first tick: beat's "ready") for ten seconds or more.
+PREPARE_SLICE = 0.05
 #: A time every clock reading is after: what is due "at" it is due at once.
 LONG_AGO = datetime.min.replace(tzinfo=UTC)
 
@@ -93,13 +97,14 @@ class Upkeep:
             self._next_measure = clock.now() + MEASURE_EVERY
         self.health.store_up()
         # One template at a time: on a loaded host a batch could run into a claim.
-        while self._unprepared and room():
+        until = clock.monotonic() + PREPARE_SLICE
+        while self._unprepared and room() and clock.monotonic() < until:
             self._publisher.prepare([self._unprepared.popleft().entry])
 
     def wake(self, now: datetime, room: bool) -> datetime:
         """When upkeep next wants a step (``room``: whether it may run at ``now``)."""
-        if self.sweeper.busy and room:
-            return now  # the next batch of the retention sweep
+        if (self.sweeper.busy or self._unprepared) and room:
+            return now  # the next batch of the retention sweep, the next templates
         return min(self.next_recovery, self.next_retention)
 
     def recover(self) -> None:
