@@ -755,3 +755,48 @@ def test_both_scheduler_paths_name_the_voltro_scheduler() -> None:
     # a configuration error (tests/acceptance/test_bad_configuration.py).
     assert voltro.load() is Scheduler
     assert issubclass(Scheduler, VoltroScheduler)
+
+
+def test_what_a_claim_statement_won_is_published_before_the_next_one(
+    replicas: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cold start's burst is claimed late, in several statements: what each won is fenced
+    # and sent before the next one runs, so the first leases do not run out meanwhile (at
+    # 100,000 schedules and three replicas one long claim outlasted them).
+    from voltro_beat.engine import recorder
+
+    monkeypatch.setattr(recorder, "BATCH", 2)
+    schedule = {f"s{n}": {"task": "proj.work", "schedule": 1.0} for n in range(6)}
+    r1 = replicas("r1", schedule=schedule)
+    tick(r1, sec(0.5))
+    calls: list[str] = []
+    for name in ("claim", "fence"):
+        method = getattr(r1._store, name)
+
+        def traced(*args: Any, _name: str = name, _method: Any = method, **kw: Any) -> Any:
+            calls.append(_name)
+            return _method(*args, **kw)
+
+        monkeypatch.setattr(r1._store, name, traced)
+    tick(r1, sec(1.2))
+    assert calls == ["claim", "fence"] * 3
+    assert sorted(h["voltro_occurrence"] for h in drain(r1.app)) == [
+        f"s{n}@2026-01-01T10:00:01" for n in range(6)
+    ]
+
+
+def test_message_templates_are_built_a_slice_at_a_time(
+    replicas: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Built in one step, 100,000 templates held beat's first tick (its "ready") for seconds:
+    # a step builds them for at most PREPARE_SLICE and asks for the next step at once.
+    from voltro_beat.engine import upkeep
+
+    monkeypatch.setattr(upkeep, "PREPARE_SLICE", 0.0)
+    schedule = {f"s{n}": {"task": "proj.work", "schedule": 60.0} for n in range(3)}
+    r1 = replicas("r1", schedule=schedule)
+    built = r1._engine.publisher._templates
+    assert [tick(r1, sec(0.5)), len(built)] == [0, 1]
+    assert [tick(r1, sec(0.6)), len(built)] == [0, 2]
+    assert tick(r1, sec(0.7)) > 0
+    assert sorted(built) == ["s0", "s1", "s2"]

@@ -98,8 +98,10 @@ class Upkeep:
         self.health.store_up()
         # One template at a time: on a loaded host a batch could run into a claim.
         until = clock.monotonic() + PREPARE_SLICE
-        while self._unprepared and room() and clock.monotonic() < until:
+        while self._unprepared and room():
             self._publisher.prepare([self._unprepared.popleft().entry])
+            if clock.monotonic() >= until:
+                break
 
     def wake(self, now: datetime, room: bool) -> datetime:
         """When upkeep next wants a step (``room``: whether it may run at ``now``)."""
