@@ -51,23 +51,34 @@ class Ready:
         The fence comes half a claim lead before the instant, so that at the instant only the
         broker writes and the marks are left; an occurrence the fence no longer finds this
         replica's (its lease ran out while this process was paused, another replica took it
-        over) is not sent. If the broker fails, what is left of the instant stays ``claimed``
-        and goes to recovery once its lease runs out.
+        over) is not sent. Fencing stops once the oldest fenced chunk is due: that is written
+        first, and the rest is fenced and written a chunk at a time (fencing a whole burst of
+        100 chunks on a loaded host outlasted the first chunks' leases: they went to
+        recovery). If the broker fails, what is left of the instant stays ``claimed`` and goes
+        to recovery once its lease runs out.
         """
-        fence_until = self._clock.now() + self.fence_lead
-        while self._ready and self._ready[0][0] <= fence_until:
-            at = self._ready[0][0]
-            chunk: list[Occurrence] = []
-            while len(chunk) < self._dispatch.chunk and self._ready and self._ready[0][0] == at:
-                chunk.append(heapq.heappop(self._ready)[2])
-            self._armed.append(self._dispatch.fence(chunk))
-        due: list[Fenced] = []
-        while self._armed and self._dispatch.until(self._armed[0]) <= timedelta(0):
-            due.append(self._armed.popleft())
-        if due and not self._dispatch.deliver(due):
-            self._armed = collections.deque(
-                a for a in self._armed if self._dispatch.until(a) > timedelta(0)
-            )
+        while True:
+            fence_until = self._clock.now() + self.fence_lead
+            while (
+                self._ready
+                and self._ready[0][0] <= fence_until
+                and not (self._armed and self._dispatch.until(self._armed[0]) <= timedelta(0))
+            ):
+                at = self._ready[0][0]
+                chunk: list[Occurrence] = []
+                while len(chunk) < self._dispatch.chunk and self._ready and self._ready[0][0] == at:
+                    chunk.append(heapq.heappop(self._ready)[2])
+                self._armed.append(self._dispatch.fence(chunk))
+            due: list[Fenced] = []
+            while self._armed and self._dispatch.until(self._armed[0]) <= timedelta(0):
+                due.append(self._armed.popleft())
+            if not due:
+                return
+            if not self._dispatch.deliver(due):
+                self._armed = collections.deque(
+                    a for a in self._armed if self._dispatch.until(a) > timedelta(0)
+                )
+                return
 
     @property
     def fence_lead(self) -> timedelta:
