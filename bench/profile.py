@@ -5,6 +5,12 @@ app's: ``crontab(minute='*')`` (one object, shared), each with its own ``args``.
     .venv/bin/python -m bench.profile                      # 100,000 schedules
     .venv/bin/python -m bench.profile --size 10000 --store sqlite:////tmp/vb.sqlite3
     .venv/bin/python -m bench.profile --source table       # the same, from the schedules table
+    .venv/bin/python -m bench.profile --run 75 --store sqlite:////tmp/vb.sqlite3  # 75 s of beat
+
+With ``--run SECONDS`` the timed replica then ticks as beat's loop would for that long (a minute
+boundary or more: every schedule fires each minute), and the longest tick and the runs its
+publish fence no longer found this replica's (their leases ran out first: recovery sends them)
+are printed: what a cold start costs the first bursts.
 
 On PostgreSQL it uses the bench's database (``voltro_bench``), emptied before each step.
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import logging
 import pstats
 import resource
 import time
@@ -134,6 +141,34 @@ def _one_change(scheduler: Any, store: str) -> float:
     return took
 
 
+class _Unheld(logging.Handler):
+    """Counts the runs the publish fence no longer found this replica's."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.runs = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "no longer held" in record.getMessage():
+            self.runs += int(getattr(record, "voltro_count", 0))
+
+
+def _run(scheduler: Any, seconds: float) -> dict[str, float]:
+    """Tick ``scheduler`` as beat's loop would for ``seconds``."""
+    unheld = _Unheld()
+    logging.getLogger("voltro_beat.dispatch").addHandler(unheld)
+    longest, end = 0.0, time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            t = time.perf_counter()
+            wait = scheduler.tick()
+            longest = max(longest, time.perf_counter() - t)
+            time.sleep(max(0.0, min(wait, end - time.monotonic())))
+    finally:
+        logging.getLogger("voltro_beat.dispatch").removeHandler(unheld)
+    return {f"longest tick in {seconds:g} s": longest, "runs not held at their fence": unheld.runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
     parser.add_argument("--size", type=int, default=100_000)
@@ -143,15 +178,24 @@ def main(argv: list[str] | None = None) -> int:
         "--source", choices=("code", "table"), default="code",
         help="The schedules in the app's beat_schedule, or rows of the schedules table.",
     )  # fmt: skip
+    parser.add_argument(
+        "--run", type=float, default=0.0, metavar="SECONDS",
+        help="Then tick as beat would for SECONDS, and skip the profile and memory runs.",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     _fresh(args.store)
     times, scheduler = _steps(args.size, args.store, args.source)
+    if args.run:
+        times.update(_run(scheduler, args.run))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     scheduler.close()
     print(f"## {args.size:,} schedules from the {args.source}, store {args.store.split('://')[0]}")
-    print("\n".join(f"- {step}: {s:.2f} s" for step, s in times.items()))
+    print("\n".join(f"- {step}: {s:.2f} s" for step, s in times.items() if "runs" not in step))
+    print("\n".join(f"- {step}: {n:,.0f}" for step, n in times.items() if "runs" in step))
     print(f"- peak RSS: {rss:.0f} MB")
+    if args.run:
+        return 0
 
     _fresh(args.store)
     profile = cProfile.Profile()

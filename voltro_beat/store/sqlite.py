@@ -322,7 +322,8 @@ def _current(conn: Connection, batch: Sequence[Run]) -> Sequence[Run]:
 
 # Executed with a list of rows: compiled once, sent as multi-row VALUES batches (SQLAlchemy's
 # "insertmanyvalues"). A statement built with .values(rows) instead is compiled again for every
-# chunk, a bind parameter per column and row: 65 s for a 100,000-schedule burst.
+# chunk, a bind parameter per column and row: at 100,000 schedules a burst's claim took most
+# of a minute and outlasted its runs' leases (python -m bench.profile --run 75 --store ...).
 _CLAIM = sqlite.insert(claims).on_conflict_do_nothing().returning(claims.c.id)
 _RECORD = sqlite.insert(runs).on_conflict_do_nothing().returning(runs.c.id)
 
