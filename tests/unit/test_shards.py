@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -38,17 +40,22 @@ def test_the_assignment_depends_on_the_members_not_their_order(
     assert assign(count, names) == assign(count, list(reversed(names)))
 
 
-@given(members, st.text(min_size=1, max_size=12))
-def test_a_member_joining_moves_few_shards_but_its_own(names: list[str], new: str) -> None:
-    if new in names:
-        return
-    count = 64
-    before = assign(count, names)
-    after = assign(count, [*names, new])
-    moved = sum(len(before[n] - after[n]) for n in names)
-    # Rendezvous hashing moves what the newcomer takes; keeping the balance moves some more
-    # (about 1.4 times the newcomer's share on average over random memberships).
-    assert moved <= 3 * len(after[new])
+def test_a_member_joining_moves_few_shards_but_its_own() -> None:
+    # Rendezvous hashing moves what the newcomer takes; keeping the balance moves some more.
+    # That is no bound for every membership (the greedy balancing can cascade: hypothesis
+    # found 13 shards moved for a newcomer's 4, about one membership in fifty beyond 3 times),
+    # so it is measured over 2,000 random memberships of 1 to 20 replicas, a fixed seed: the
+    # shards the others lose average 1.7 times the newcomer's share, and at most 4.3 times.
+    rng = random.Random(7)
+    ratios = []
+    for _ in range(2000):
+        names = [f"r{rng.randrange(10**6)}" for _ in range(rng.randint(1, 20))]
+        new = f"n{rng.randrange(10**6)}"
+        before, after = assign(64, names), assign(64, [*names, new])
+        moved = sum(len(before[n] - after[n]) for n in set(names))
+        ratios.append(moved / len(after[new]))
+    assert sum(ratios) / len(ratios) < 2
+    assert max(ratios) < 5
 
 
 def test_no_members_own_nothing() -> None:
