@@ -4,6 +4,7 @@ a stale edit refused; revisions that a replica can follow ("changed since N").""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
@@ -16,7 +17,7 @@ from voltro_beat.exceptions import ConfigurationError, EditRefused
 from voltro_beat.occurrences import Occurrence
 from voltro_beat.runs import Run
 from voltro_beat.schedule_table import ScheduleTable
-from voltro_beat.store import tables
+from voltro_beat.store import schedule_rows, tables
 from voltro_beat.store.beat import BeatStore
 from voltro_beat.store.database import Database
 
@@ -182,4 +183,42 @@ def test_the_store_refuses_a_run_whose_schedule_changed_before_its_instant(
         runs[2].occurrence.key: changed.revision,
         runs[3].occurrence.key: None,
     }
+    store.close()
+
+
+def test_a_claim_waits_for_an_edit_under_way_and_then_sees_it(
+    table: ScheduleTable, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An edit stamps its change (changed_at) before it commits; a claim running in between
+    # could not see the change and let the old definition through (chaos row 11, once in
+    # three CI runs: a run of revision 1 where revision 31 was live).
+    store = BeatStore(Database.open(url), replica="r1")
+    added = table.add("report", REPORT)
+    stamped, release = threading.Event(), threading.Event()
+    upsert = schedule_rows._upsert
+
+    def held(*args: object) -> None:
+        stamped.set()  # the change row is written, its transaction still open
+        release.wait(5)
+        upsert(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(schedule_rows, "_upsert", held)
+    edit = {**REPORT, "schedule": "0 * * * *"}
+    editor = threading.Thread(target=lambda: table.set("report", edit, revision=added.revision))
+    editor.start()
+    assert stamped.wait(5)
+    far = (added.changed_at + timedelta(days=1)).replace(microsecond=0)
+    old = Run(Occurrence.of("report", far), "proj.report", revision=added.revision)
+    won: list[set[str]] = []
+    claimer = threading.Thread(
+        target=lambda: won.append(
+            store.claim([old], coordination=Coordination.ADVISORY_LOCK, lease=timedelta(seconds=30))
+        )
+    )
+    claimer.start()
+    time.sleep(0.3)  # the claim runs now, unless it waits for the edit
+    release.set()
+    editor.join(5)
+    claimer.join(5)
+    assert won == [set()]
     store.close()
