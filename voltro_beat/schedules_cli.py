@@ -22,7 +22,7 @@ from voltro_beat.beat_schedule import load_schedule
 from voltro_beat.cli_options import current_app, errors, open_store, settings_options, stamp
 from voltro_beat.config import Settings
 from voltro_beat.exceptions import EditRefused
-from voltro_beat.occurrences import next_instants
+from voltro_beat.occurrences import next_after
 from voltro_beat.schedule_table import ScheduleTable, change_lines
 from voltro_beat.store import reads
 from voltro_beat.store.schedule_rows import ScheduleChange
@@ -183,7 +183,7 @@ def ls(settings: Settings) -> None:
             view.add_column(column, no_wrap=True)
         for row in rows:
             entry = table.entry(row.name, row.definition)
-            following = next(iter(next_instants(entry.spec, now, 1)), None) if row.enabled else None
+            following = next_after(entry.spec, now) if row.enabled else None
             summary = last[row.name]
             last_run = f"{summary.last_status} {stamp(summary.last_at)}"
             view.add_row(

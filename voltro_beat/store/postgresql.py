@@ -290,15 +290,19 @@ class PostgreSQL(Dialect):
             statement, params["group"] = CLAIM_OWNED, tenure.group
         elif gated:
             statement = CLAIM
-        if all(run.revision is None for run in batch):
-            with self.statement() as conn:
-                return {row[0] for row in conn.execute(sa.text(statement), params)}
-        # Runs of the schedules table: an edit under way has stamped its change and not
-        # committed it, and the claim's check cannot see it yet. The claim waits for it, and
-        # holds the next edit off until it commits (the edit's changed_at then comes after it).
+        revised = any(run.revision is not None for run in batch)
+        with self._between_edits() if revised else self.statement() as conn:
+            return {row[0] for row in conn.execute(sa.text(statement), params)}
+
+    @contextmanager
+    def _between_edits(self) -> Iterator[Connection]:
+        """A transaction holding the edits lock shared. A claim of schedules-table runs needs
+        it: an edit under way has stamped its change and not committed it, and the claim's
+        check cannot see it yet. The claim waits for it, and holds the next edit off until it
+        commits (that edit's changed_at then comes after it)."""
         with self.database.connect() as conn, conn.begin():
             conn.execute(sa.text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": EDITS_LOCK})
-            return {row[0] for row in conn.execute(sa.text(statement), params)}
+            yield conn
 
     def fence(
         self, keys: Sequence[str], *, replica: str, hold: timedelta, start: datetime | None
