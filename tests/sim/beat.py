@@ -80,15 +80,16 @@ class SimReplica:
             self.joined_at = world.t
 
         self.engine.membership.join = joined  # type: ignore[method-assign]
-        #: When it left the registry (a graceful stop deletes its row), and the schedules of
-        #: the shards it owned as far as it knew and released just before, from when.
+        #: When it began to leave the registry (a graceful stop deletes its row: another
+        #: replica may find it gone from then on), and the schedules of the shards it owned as
+        #: far as it knew and released just before, from when.
         self.left_at: float | None = None
         self.released: tuple[float, frozenset[str]] | None = None
         leave = self.engine.membership.leave
 
         def left() -> None:
-            leave()
             self.left_at = world.t
+            leave()
 
         self.engine.membership.leave = left  # type: ignore[method-assign]
         ownership = self.engine.gate.ownership

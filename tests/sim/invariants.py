@@ -176,7 +176,8 @@ def _live_at_boot(
     """A replica that ran ``schedule`` since before ``at`` (it had joined the registry by
     then) and that the registry showed live when ``booting`` joined it (or, given, at
     ``written``): a step of it went through between a lease (less a heartbeat) and a moment
-    before that, and no later incarnation of it had replaced its row by then. Given
+    before that, no later incarnation of it had replaced its row by then, and it had not begun
+    to leave the registry (a graceful stop, its row deleted) before ``booting`` joined. Given
     ``written`` (cluster coordination: a shard taken over), ``booting`` itself if it had
     joined before ``at``."""
     joined = next((r.joined_at for r in expect.replicas if r.name == booting), None)
@@ -189,6 +190,8 @@ def _live_at_boot(
     heartbeat = min(expect.lease / 4, 1.0)
     start, end = joined - expect.lease + heartbeat + 0.1, joined - 0.1
     for replica in _ran_it(expect, schedule, booting, at, joined):
+        if replica.left_at is not None and replica.left_at < joined:
+            continue  # it may have left the registry before ``booting`` read it (seed 111)
         i = bisect.bisect_left(replica.steps, (start,))
         if any(e <= end for _, e in replica.steps[i : i + 50]):
             return replica.name
@@ -302,10 +305,10 @@ def _seen_live(
         return None
     sent_at, answered_at = before[-1]
     for replica in _ran_it(expect, schedule, writer, at, sent_at):
-        if replica.left_at is not None and replica.left_at < sent_at:
-            # Gone from the registry before the writer looked. Only the shards it released
-            # then were handed over as live (the release time bounds the catch-up); a
-            # schedule on a shard another replica owned was not its to fire.
+        if replica.left_at is not None and replica.left_at < answered_at:
+            # Gone from the registry, maybe, before the writer looked. Only the shards it
+            # released then were handed over as live (the release time bounds the catch-up);
+            # a schedule on a shard another replica owned was not its to fire.
             released_at, held = replica.released or (0.0, frozenset())
             if schedule not in held or at > released_at - 0.1:
                 continue
