@@ -73,7 +73,7 @@ def publisher_run(
         for i in range(0, len(messages), CHUNK):
             publisher.publish(messages[i : i + CHUNK])
         done = time.perf_counter()
-    pushed = sum(isinstance(t, RedisPush) for t in publisher._templates.values())
+    pushed = sum(isinstance(p and p.template, RedisPush) for p in publisher._messages.values())
     assert pushed == (len(entries) if fast else 0), pushed
     publisher.reset()
     return prepared - start, done - prepared

@@ -12,16 +12,26 @@ import itertools
 import logging
 import operator
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from celery import Celery
 from kombu import Connection, Producer
 
 from voltro_beat import logs
 from voltro_beat.exceptions import PublishError
-from voltro_beat.messages import Recorder, RedisPush, Template, arguments, delivery_tags, replayable
+from voltro_beat.messages import (
+    Arguments,
+    Recorder,
+    RedisPush,
+    Template,
+    arguments,
+    delivery_tags,
+    replayable,
+    shape,
+)
 
 if TYPE_CHECKING:
     from voltro_beat.schedules import Entry
@@ -97,6 +107,23 @@ class _Confirms:
         return refused
 
 
+class Prepared(NamedTuple):
+    """One schedule's message: a template (its own, or its shape's) and what the schedule fills
+    in: for a :class:`RedisPush` its arguments' JSON (:meth:`RedisPush.fill`), for a
+    :class:`Template` its :class:`Arguments` (None: the template's own)."""
+
+    template: RedisPush | Template
+    fill: Any
+
+
+@dataclass(slots=True)
+class _Shared:
+    """The template of one shape (None: Celery's full path), and how many schedules use it."""
+
+    template: RedisPush | Template | None
+    users: int = 0
+
+
 class Publisher:
     """Publishes occurrences through one reused broker connection and producer."""
 
@@ -105,9 +132,14 @@ class Publisher:
         self.write_timeout = write_timeout
         self._connection: Connection | None = None
         self._producer: Producer | None = None
-        #: Per schedule: the captured Redis payload, else the recorded publish call, or None
-        #: for Celery's full path.
-        self._templates: dict[str, RedisPush | Template | None] = {}
+        #: Per schedule: its captured Redis payload, else its recorded publish call, with what
+        #: it fills in; or None for Celery's full path. One template for all the schedules of a
+        #: shape (:func:`voltro_beat.messages.shape`).
+        self._messages: dict[str, Prepared | None] = {}
+        #: Per shape in use: its template, and how many schedules use it.
+        self._shapes: dict[Hashable, _Shared] = {}
+        #: Per schedule with a shape: that shape.
+        self._shape_of: dict[str, Hashable] = {}
         self._declared: set[str] = set()
         #: On AMQP, the producer channel's publisher confirms.
         self._confirms: _Confirms | None = None
@@ -135,19 +167,19 @@ class Publisher:
             batched = producer.supports_batch_publish
             confirms = self._confirms
             first = 0 if confirms is None else confirms.published
-            templates = [self._template(producer, entry) for entry, _, _ in messages]
-            tags = delivery_tags(sum(isinstance(t, RedisPush) for t in templates))
+            prepared = [self._prepared(producer, entry) for entry, _, _ in messages]
+            tags = delivery_tags(sum(isinstance(p and p.template, RedisPush) for p in prepared))
             with producer.batch(max_size=max(1, len(messages))):
-                for (entry, key, task_id), template in zip(messages, templates, strict=True):
-                    if template is None:
+                for (entry, key, task_id), p in zip(messages, prepared, strict=True):
+                    if p is None:
                         self._send(producer, entry, key, task_id)
-                    elif isinstance(template, RedisPush):
-                        self._declare(producer, template.declare)
-                        payload = template.payload(key, task_id, next(tags))
-                        pushes.append((template.list_key, payload, sent))
+                    elif isinstance(p.template, RedisPush):
+                        self._declare(producer, p.template.declare)
+                        payload = p.template.payload(key, task_id, next(tags), entry.name, p.fill)
+                        pushes.append((p.template.list_key, payload, sent))
                     else:
                         retry = not batched and confirms is None
-                        self._replay(producer, template, key, task_id, retry=retry)
+                        self._replay(producer, p.template, entry.name, key, task_id, p.fill, retry)
                     sent += 1
                     if confirms is not None:
                         confirms.published += 1
@@ -219,61 +251,99 @@ class Publisher:
         try:
             producer = self._get_producer()
             for entry in entries:
-                self._template(producer, entry)
+                self._prepared(producer, entry)
         except Exception:
             self.reset()
 
     def forget(self, name: str) -> None:
-        """Drop schedule ``name``'s template (its definition changed): the next publish or
-        :meth:`prepare` builds it again."""
-        self._templates.pop(name, None)
+        """Forget schedule ``name``'s message (its definition changed): the next publish or
+        :meth:`prepare` prepares it again, by its new shape. A shape no schedule uses any more
+        is dropped."""
+        self._messages.pop(name, None)
+        kind = self._shape_of.pop(name, None)
+        if kind is not None:
+            shared = self._shapes[kind]
+            shared.users -= 1
+            if not shared.users:
+                del self._shapes[kind]
 
-    def _template(self, producer: Producer, entry: Entry) -> RedisPush | Template | None:
+    def _prepared(self, producer: Producer, entry: Entry) -> Prepared | None:
         try:
-            return self._templates[entry.name]
+            return self._messages[entry.name]
         except KeyError:
             pass
-        template: RedisPush | Template | None = None
-        if replayable(self.app, entry):
-            recorder = Recorder(producer.channel, auto_declare=False)
-            self._send(recorder, entry, "", "")
-            if recorder.call is not None:
-                recorded = Template(*recorder.call)
-                try:
-                    push = RedisPush.capture(
-                        producer, lambda: self._replay(producer, recorded, "", "", retry=False)
-                    )
-                except producer.connection.connection_errors:
-                    raise  # the broker is down: try again at the next publish
-                except Exception:
-                    logger.debug(
-                        "voltro_beat: %s keeps kombu's publish path",
-                        entry.name,
-                        extra=logs.fields(schedule=entry.name),
-                    )
-                    push = None
-                declare = recorded.kwargs.get("declare") or ()
-                template = recorded if push is None else push._replace(declare=declare)
-        self._templates[entry.name] = template
-        return template
+        kind = shape(self.app, entry) if replayable(self.app, entry) else None
+        shared = None if kind is None else self._shapes.get(kind)
+        prepared: Prepared | None
+        if shared is not None:
+            prepared = None
+            if shared.template is not None:
+                prepared = _filled(shared.template, Arguments.of(self.app, entry))
+        else:
+            prepared = self._build(producer, entry)
+            if kind is not None and (prepared is None or _shareable(self.app, entry, prepared)):
+                template = None if prepared is None else prepared.template
+                shared = self._shapes[kind] = _Shared(template)
+        if shared is not None and kind is not None:
+            shared.users += 1
+            self._shape_of[entry.name] = kind
+        self._messages[entry.name] = prepared
+        return prepared
+
+    def _build(self, producer: Producer, entry: Entry) -> Prepared | None:
+        """Run Celery's send path for ``entry`` against a recorder (None: not replayable)."""
+        if not replayable(self.app, entry):
+            return None
+        recorder = Recorder(producer.channel, auto_declare=False)
+        self._send(recorder, entry, "", "")
+        if recorder.call is None:
+            return None
+        recorded = Template(*recorder.call)
+        try:
+            push = RedisPush.capture(
+                producer,
+                recorded,
+                lambda: self._replay(producer, recorded, entry.name, "", "", None, False),
+            )
+        except producer.connection.connection_errors:
+            raise  # the broker is down: try again at the next publish
+        except Exception:
+            logger.debug(
+                "voltro_beat: %s keeps kombu's publish path",
+                entry.name,
+                extra=logs.fields(schedule=entry.name),
+            )
+            push = None
+        if push is None:
+            return Prepared(recorded, None)
+        declare = recorded.kwargs.get("declare") or ()
+        return _filled(push._replace(declare=declare), _recorded_arguments(recorded))
 
     def _replay(
         self,
         producer: Producer,
         template: Template,
+        name: str,
         key: str,
         task_id: str,
-        *,
+        arguments: Arguments | None,
         retry: bool,
     ) -> None:
+        """Publish ``template`` for occurrence ``key`` of schedule ``name``, with its
+        ``arguments`` where the template is its shape's."""
         # In a batch nothing reaches the broker before the flush, so a per-message retry
         # wrapper would only cost time; errors surface at the flush.
         kwargs = dict(template.kwargs, retry=retry)
         headers = kwargs["headers"] = dict(template.kwargs["headers"])
         headers["id"] = headers["root_id"] = kwargs["correlation_id"] = task_id
         headers["voltro_occurrence"] = key
+        headers["periodic_task_name"] = name
+        body = template.body
+        if arguments is not None:
+            body = (arguments.args, arguments.kwargs, body[2])
+            headers["argsrepr"], headers["kwargsrepr"] = arguments.argsrepr, arguments.kwargsrepr
         self._declare(producer, kwargs.pop("declare", None))
-        producer.publish(template.body, **kwargs)
+        producer.publish(body, **kwargs)
 
     def _declare(self, producer: Producer, entities: Sequence[Any] | None) -> None:
         """Declare each queue once per connection, not once per message."""
@@ -313,3 +383,26 @@ class Publisher:
             # A broken connection may fail to close; it is being dropped either way.
             with contextlib.suppress(Exception):
                 connection.release()
+
+
+def _recorded_arguments(recorded: Template) -> Arguments:
+    """The arguments of the message Celery's send path made for ``recorded``."""
+    args, kwargs, _ = recorded.body
+    headers = recorded.kwargs["headers"]
+    return Arguments(args, kwargs, headers["argsrepr"], headers["kwargsrepr"])
+
+
+def _filled(template: RedisPush | Template, arguments: Arguments) -> Prepared:
+    if isinstance(template, RedisPush):
+        return Prepared(template, template.fill(arguments))
+    return Prepared(template, arguments)
+
+
+def _shareable(app: Celery, entry: Entry, prepared: Prepared) -> bool:
+    """Whether the arguments of ``entry`` as :meth:`Arguments.of` makes them are the ones
+    Celery's send path wrote in its message: if so, the other schedules of its shape fill in
+    theirs the same way; if not, each builds a template of its own."""
+    mine = Arguments.of(app, entry)
+    if isinstance(prepared.template, RedisPush):
+        return bool(prepared.fill == prepared.template.fill(mine))
+    return _recorded_arguments(prepared.template) == mine

@@ -26,7 +26,7 @@ from kombu import Exchange, Queue
 
 from voltro_beat.messages import RedisPush, Template
 from voltro_beat.occurrences import task_id_for
-from voltro_beat.publisher import Publisher
+from voltro_beat.publisher import Prepared, Publisher
 from voltro_beat.schedules import parse_entries
 
 AMQP_URL = os.environ.get("VOLTRO_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//")
@@ -79,8 +79,9 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
 PICKLE_ONLY = {"timedelta_args": ({"task": "bm.registered", "args": [timedelta(hours=1)]}, DEFAULT)}
 
 
-def path_of(template: object) -> str:
+def path_of(prepared: Prepared | None) -> str:
     """Which of the publisher's three paths an entry takes."""
+    template = None if prepared is None else prepared.template
     if isinstance(template, RedisPush):
         return "redis payload"
     return "kombu replay" if isinstance(template, Template) else "celery"
@@ -209,7 +210,7 @@ def test_message_equals_celery_beats_own(
     publisher = Publisher(app, write_timeout=timedelta(seconds=30))
     try:
         publisher.prepare([entry])
-        assert path_of(publisher._templates[case]) == expected_path(kind, case)
+        assert path_of(publisher._messages[case]) == expected_path(kind, case)
         publisher.publish([(entry, key, task_id)])
     finally:
         publisher.reset()

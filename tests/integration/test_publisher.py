@@ -23,6 +23,7 @@ from celery import Celery
 from kombu import Queue
 from kombu.common import Broadcast
 
+from voltro_beat.exceptions import PublishError
 from voltro_beat.messages import RedisPush, uuid4_str
 from voltro_beat.occurrences import task_id_for
 from voltro_beat.publisher import Publisher
@@ -59,7 +60,7 @@ def entry(name: str, **raw: Any) -> Entry:
 def received(app: Celery, queue: str) -> list[Any]:
     messages = []
     with app.connection_for_read() as conn:
-        q = conn.SimpleQueue(queue)
+        q = conn.SimpleQueue(queue, accept=["json", "pickle"])
         while True:
             try:
                 message = q.get(timeout=0.05)
@@ -105,13 +106,141 @@ def test_replayed_message_equals_celerys_own(raw: dict[str, Any], queue: str) ->
     publisher = Publisher(app, write_timeout=timedelta(seconds=30))
     publisher.prepare([e])
     publisher.publish([(e, key, tid), (e, "e@2026-01-01T10:01:00", task_id_for("x"))])
-    assert publisher._templates["e"] is not None
-    assert not isinstance(publisher._templates["e"], RedisPush)  # not Redis: kombu's path
+    assert template_of(publisher, "e") is not None
+    assert not isinstance(template_of(publisher, "e"), RedisPush)  # not Redis: kombu's path
     first, second = received(app, queue)
     assert comparable(first) == comparable(expected)
     assert second.headers["id"] == second.headers["root_id"] == task_id_for("x")
     assert second.properties["correlation_id"] == task_id_for("x")
     assert second.headers["voltro_occurrence"] == "e@2026-01-01T10:01:00"
+    publisher.reset()
+
+
+def template_of(publisher: Publisher, name: str) -> Any:
+    prepared = publisher._messages[name]
+    return None if prepared is None else prepared.template
+
+
+#: Entries of one shape (task and options) with arguments of every kind JSON and pickle take,
+#: empty ones included (Celery sends ``args or ()``).
+ARGUMENTS = [
+    {"args": [1]},
+    {"args": [2.5, -0.0, None, True], "kwargs": {"b": 'é"x', "a": [1, (2, 3)]}},
+    {"args": []},
+    {"kwargs": {"n": 10**30}},
+    {"args": [list(range(300))]},  # argsrepr cut short at Celery's maximum
+    {},
+]
+
+
+@pytest.mark.parametrize("serializer", ["json", "pickle"])
+def test_schedules_of_one_shape_share_a_template_and_send_celerys_own_messages(
+    serializer: str,
+) -> None:
+    """A hundred thousand schedules generated for one task cost one template: the messages of
+    one shape (task and options) differ only in ids, the schedule's name and its arguments."""
+    app = make_app()
+    app.conf.task_serializer = serializer
+    app.conf.accept_content = ["json", "pickle"]
+    entries = [
+        entry(f"s{i}", task="pub.unregistered", options={"priority": 3}, **raw)
+        for i, raw in enumerate(ARGUMENTS)
+    ]
+    keys = {e.name: f"{e.name}@2026-01-01T10:00:00" for e in entries}
+    received(app, "celery")
+    for e in entries:
+        send_as_celery(app, e, keys[e.name])
+    expected = received(app, "celery")
+
+    publisher = Publisher(app, write_timeout=timedelta(seconds=30))
+    publisher.prepare(entries)
+    assert len({id(template_of(publisher, e.name)) for e in entries}) == 1
+    assert template_of(publisher, "s0") is not None
+    publisher.publish([(e, keys[e.name], task_id_for(keys[e.name])) for e in entries])
+    got = received(app, "celery")
+    assert [comparable(m) for m in got] == [comparable(m) for m in expected]
+    # A changed definition forgets its schedule's message; the shape goes with its last user.
+    for e in entries[1:]:
+        publisher.forget(e.name)
+    assert len(publisher._shapes) == 1
+    publisher.forget("s0")
+    assert not publisher._shapes and not publisher._messages
+    publisher.reset()
+
+
+def test_a_registered_tasks_schedules_share_a_template_and_bad_arguments_fail_as_in_celery() -> (
+    None
+):
+    app = make_app()
+    a, b = entry("a", task="pub.registered", args=[1]), entry("b", task="pub.registered", args=[2])
+    publisher = Publisher(app, write_timeout=timedelta(seconds=30))
+    publisher.prepare([a, b])
+    assert template_of(publisher, "a") is template_of(publisher, "b") is not None
+    wrong = entry("wrong", task="pub.registered", args=[1, 2])
+    with pytest.raises(TypeError):
+        app.tasks["pub.registered"].apply_async([1, 2])
+    with pytest.raises(PublishError):
+        publisher.publish([(wrong, "wrong@1", task_id_for("wrong@1"))])
+    publisher.reset()
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ({"options": {"priority": 1}}, {"options": {"priority": 2}}),
+        ({"options": {"priority": 1}}, {"options": {"priority": 1.0}}),
+        ({"options": {"headers": {"a": 1, "b": 2}}}, {"options": {"headers": {"b": 2, "a": 1}}}),
+        ({"task": "pub.registered", "args": [1]}, {"task": "pub.unregistered", "args": [1]}),
+    ],
+)
+def test_schedules_whose_messages_differ_but_in_arguments_do_not_share_a_template(
+    one: dict[str, Any], other: dict[str, Any]
+) -> None:
+    app = make_app()
+    a = entry("a", **{"task": "pub.unregistered", **one})
+    b = entry("b", **{"task": "pub.unregistered", **other})
+    publisher = Publisher(app, write_timeout=timedelta(seconds=30))
+    publisher.prepare([a, b])
+    assert template_of(publisher, "a") is not template_of(publisher, "b")
+    publisher.reset()
+
+
+def test_a_router_function_gives_each_schedule_a_template_of_its_own() -> None:
+    """A router function is given the arguments: the message may depend on them."""
+
+    def by_argument(name: str, args: Any, kwargs: Any, options: Any, **rest: Any) -> Any:
+        return {"queue": f"q{args[0]}"} if name == "pub.unregistered" else None
+
+    app = make_app()
+    app.conf.task_routes = (by_argument,)
+    a = entry("a", task="pub.unregistered", args=[1])
+    b = entry("b", task="pub.unregistered", args=[2])
+    publisher = Publisher(app, write_timeout=timedelta(seconds=30))
+    publisher.prepare([a, b])
+    assert template_of(publisher, "a") is not template_of(publisher, "b")
+    publisher.publish([(a, "a@1", task_id_for("a@1")), (b, "b@1", task_id_for("b@1"))])
+    assert [m.headers["periodic_task_name"] for m in received(app, "q1")] == ["a"]
+    assert [m.headers["periodic_task_name"] for m in received(app, "q2")] == ["b"]
+    publisher.reset()
+
+
+def test_an_option_of_the_apps_own_type_gets_a_template_of_its_own() -> None:
+    """Equality of an object says nothing of how it is serialised: no shape, no sharing."""
+
+    class Same(dict[str, str]):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        def __hash__(self) -> int:
+            return 0
+
+    app = make_app()
+    a = entry("a", task="pub.unregistered", options={"headers": Same(x="1")})
+    b = entry("b", task="pub.unregistered", options={"headers": Same(x="2")})
+    publisher = Publisher(app, write_timeout=timedelta(seconds=30))
+    publisher.prepare([a, b])
+    assert template_of(publisher, "a") is not None
+    assert template_of(publisher, "a") is not template_of(publisher, "b")
     publisher.reset()
 
 
@@ -221,7 +350,7 @@ def test_fast_path_pushes_kombus_own_payload(
 
     publisher = Publisher(app, write_timeout=timedelta(seconds=30))
     publisher.prepare([e])
-    template = publisher._templates[name]
+    template = template_of(publisher, name)
     assert isinstance(template, RedisPush)
     other = f"{name}@2026-01-01T10:01:00"
     publisher.publish([(e, key, task_id_for(key)), (e, other, task_id_for(other))])
@@ -238,6 +367,32 @@ def test_fast_path_pushes_kombus_own_payload(
     assert second["headers"]["voltro_occurrence"] == other
 
 
+@pytest.mark.redis
+@pytest.mark.parametrize("serializer", ["json", "pickle"])
+def test_fast_path_splices_each_schedules_name_and_arguments_into_its_shapes_payload(
+    broker: str, serializer: str
+) -> None:
+    app = redis_app(broker, task_serializer=serializer)
+    entries = [
+        entry(f'sché"dule-{i}', task="pub.unregistered", **raw) for i, raw in enumerate(ARGUMENTS)
+    ]
+    keys = [f"{e.name}@2026-01-01T10:00:00" for e in entries]
+    for e, key in zip(entries, keys, strict=True):
+        send_as_celery(app, e, key)
+    (expected,) = pop_lists(broker).values()
+
+    publisher = Publisher(app, write_timeout=timedelta(seconds=30))
+    publisher.prepare(entries)
+    assert isinstance(template_of(publisher, entries[0].name), RedisPush)
+    assert len({id(template_of(publisher, e.name)) for e in entries}) == 1
+    publisher.publish([(e, key, task_id_for(key)) for e, key in zip(entries, keys, strict=True)])
+    publisher.reset()
+    (pushed,) = pop_lists(broker).values()
+    for document in (*expected, *pushed):
+        document["properties"].pop("delivery_tag")
+    assert pushed == expected
+
+
 def test_uuid4_str_is_uuids_own_rendering() -> None:
     samples = [bytes(16), b"\xff" * 16, *(os.urandom(16) for _ in range(2000))]
     for raw in samples:
@@ -252,7 +407,7 @@ def test_expiring_queue_keeps_kombus_path(broker: str) -> None:
     publisher = Publisher(app, write_timeout=timedelta(seconds=30))
     publisher.publish([(e, "e@1", task_id_for("e@1"))])
     publisher.reset()
-    template = publisher._templates["e"]
+    template = template_of(publisher, "e")
     assert template is not None and not isinstance(template, RedisPush)
     client = redis.Redis.from_url(broker)
     assert 0 < client.pttl(queue) <= 60_000  # kombu's _put refreshed the queue's expiry
@@ -274,7 +429,7 @@ def test_fanout_queue_keeps_kombus_path(broker: str) -> None:
         publisher._get_producer().maybe_declare(Broadcast(queue))
         publisher.publish([(e, "e@1", task_id_for("e@1"))])
         publisher.reset()
-        template = publisher._templates["e"]
+        template = template_of(publisher, "e")
         assert template is not None and not isinstance(template, RedisPush)
         deadline = time.monotonic() + 5
         message = None
@@ -348,7 +503,7 @@ def test_worker_consumes_fast_path_messages(
     publisher = Publisher(app, write_timeout=timedelta(seconds=30))
     publisher.prepare(entries)
     for e in entries:
-        template = publisher._templates[e.name]
+        template = template_of(publisher, e.name)
         assert isinstance(template, RedisPush)
     publisher.publish(messages)
     publisher.reset()
