@@ -78,17 +78,47 @@ def delivery_tags(count: int) -> Iterator[str]:
 TIME_RELATIVE = ("expires", "countdown", "eta")
 
 
-def replayable(app: Celery, entry: Entry) -> bool:
+class SendPath(NamedTuple):
+    """What Celery's send path does alike for every schedule of an app, read once (its
+    configuration is read through layers of mappings, microseconds a look-up)."""
+
+    app: Celery
+    #: Something listens to every send (the publish signals, sent events): each message takes
+    #: Celery's full path.
+    watched: bool
+    #: Task protocol 2 and routes that are maps: a message depends on its arguments only
+    #: through its body, ``argsrepr`` and ``kwargsrepr``.
+    arguments_apart: bool
+    argsrepr_maxsize: int
+    kwargsrepr_maxsize: int
+    repr_maxlevels: int
+
+    @classmethod
+    def of(cls, app: Celery) -> SendPath:
+        conf = app.conf
+        return cls(
+            app,
+            bool(
+                conf.task_send_sent_event
+                or signals.before_task_publish.receivers
+                or signals.after_task_publish.receivers
+            ),
+            conf.task_protocol == 2 and all(isinstance(r, MapRoute) for r in app.amqp.routes),
+            app.amqp.argsrepr_maxsize,
+            app.amqp.kwargsrepr_maxsize,
+            conf.task_repr_maxlevels,
+        )
+
+
+def replayable(path: SendPath, entry: Entry) -> bool:
     """Whether a message of ``entry`` can be replayed from a template: nothing in it
     depends on the publish time, and nothing listens to the publish signals."""
-    task = app.tasks.get(entry.task)
+    task = path.app.tasks.get(entry.task)
     return not (
-        any(entry.options.get(name) is not None for name in TIME_RELATIVE)
+        path.watched
+        or any(entry.options.get(name) is not None for name in TIME_RELATIVE)
         or any(isinstance(value, BeatLazyFunc) for value in (*entry.args, *entry.kwargs.values()))
         or getattr(task, "expires", None) is not None
-        or app.conf.task_send_sent_event
-        or signals.before_task_publish.receivers
-        or signals.after_task_publish.receivers
     )
 
 
@@ -115,7 +145,7 @@ def _frozen(value: Any) -> Hashable:
     raise _Unshaped
 
 
-def shape(app: Celery, entry: Entry) -> Hashable | None:
+def shape(path: SendPath, entry: Entry) -> Hashable | None:
     """The task and options of ``entry``, when Celery builds its message from them alone but
     for the arguments (the body, ``argsrepr``, ``kwargsrepr``): entries of one shape share one
     template, each filling in its own arguments (:class:`Arguments`).
@@ -125,9 +155,9 @@ def shape(app: Celery, entry: Entry) -> Hashable | None:
     with its own ``apply_async`` or ``shadow_name``, pydantic arguments; or when an option is
     a value whose equality does not make its serialisation equal (an object of the app's own).
     """
-    if app.conf.task_protocol != 2 or not all(isinstance(r, MapRoute) for r in app.amqp.routes):
+    if not path.arguments_apart:
         return None
-    task = app.tasks.get(entry.task)
+    task = path.app.tasks.get(entry.task)
     if task is not None and (
         type(task).apply_async is not Task.apply_async
         or type(task).shadow_name is not Task.shadow_name
@@ -150,21 +180,21 @@ class Arguments(NamedTuple):
     kwargsrepr: str
 
     @classmethod
-    def of(cls, app: Celery, entry: Entry) -> Arguments:
+    def of(cls, path: SendPath, entry: Entry) -> Arguments:
         """Raises what Celery's ``apply_async`` raises for arguments its task does not take."""
         listed, named = arguments(entry)
         args, kwargs = listed or (), named or {}
-        task = app.tasks.get(entry.task)
+        task = path.app.tasks.get(entry.task)
         if task is not None and task.typing:
             check = getattr(task, "__header__", None)
             if check is not None:
                 check(*args, **kwargs)
-        levels = app.conf.task_repr_maxlevels
+        levels = path.repr_maxlevels
         return cls(
             args,
             kwargs,
-            saferepr(args, app.amqp.argsrepr_maxsize, maxlevels=levels),
-            saferepr(kwargs, app.amqp.kwargsrepr_maxsize, maxlevels=levels),
+            saferepr(args, path.argsrepr_maxsize, maxlevels=levels),
+            saferepr(kwargs, path.kwargsrepr_maxsize, maxlevels=levels),
         )
 
 

@@ -26,6 +26,7 @@ from voltro_beat.messages import (
     Arguments,
     Recorder,
     RedisPush,
+    SendPath,
     Template,
     arguments,
     delivery_tags,
@@ -140,6 +141,7 @@ class Publisher:
         self._shapes: dict[Hashable, _Shared] = {}
         #: Per schedule with a shape: that shape.
         self._shape_of: dict[str, Hashable] = {}
+        self._send_path: SendPath | None = None
         self._declared: set[str] = set()
         #: On AMQP, the producer channel's publisher confirms.
         self._confirms: _Confirms | None = None
@@ -272,16 +274,17 @@ class Publisher:
             return self._messages[entry.name]
         except KeyError:
             pass
-        kind = shape(self.app, entry) if replayable(self.app, entry) else None
+        path = self._path()
+        kind = shape(path, entry) if replayable(path, entry) else None
         shared = None if kind is None else self._shapes.get(kind)
         prepared: Prepared | None
         if shared is not None:
             prepared = None
             if shared.template is not None:
-                prepared = _filled(shared.template, Arguments.of(self.app, entry))
+                prepared = _filled(shared.template, Arguments.of(path, entry))
         else:
             prepared = self._build(producer, entry)
-            if kind is not None and (prepared is None or _shareable(self.app, entry, prepared)):
+            if kind is not None and (prepared is None or _shareable(path, entry, prepared)):
                 template = None if prepared is None else prepared.template
                 shared = self._shapes[kind] = _Shared(template)
         if shared is not None and kind is not None:
@@ -290,9 +293,15 @@ class Publisher:
         self._messages[entry.name] = prepared
         return prepared
 
+    def _path(self) -> SendPath:
+        """The app's send path as it stood at the first message prepared."""
+        if self._send_path is None:
+            self._send_path = SendPath.of(self.app)
+        return self._send_path
+
     def _build(self, producer: Producer, entry: Entry) -> Prepared | None:
         """Run Celery's send path for ``entry`` against a recorder (None: not replayable)."""
-        if not replayable(self.app, entry):
+        if not replayable(self._path(), entry):
             return None
         recorder = Recorder(producer.channel, auto_declare=False)
         self._send(recorder, entry, "", "")
@@ -398,11 +407,11 @@ def _filled(template: RedisPush | Template, arguments: Arguments) -> Prepared:
     return Prepared(template, arguments)
 
 
-def _shareable(app: Celery, entry: Entry, prepared: Prepared) -> bool:
+def _shareable(path: SendPath, entry: Entry, prepared: Prepared) -> bool:
     """Whether the arguments of ``entry`` as :meth:`Arguments.of` makes them are the ones
     Celery's send path wrote in its message: if so, the other schedules of its shape fill in
     theirs the same way; if not, each builds a template of its own."""
-    mine = Arguments.of(app, entry)
+    mine = Arguments.of(path, entry)
     if isinstance(prepared.template, RedisPush):
         return bool(prepared.fill == prepared.template.fill(mine))
     return _recorded_arguments(prepared.template) == mine
