@@ -46,14 +46,19 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("boot s", "boot_s"),
         ("db xacts", "db_xacts"),
     ],
-    "idle": [("boot s", "boot_s"), ("ready s", "ready_s"), ("peak RSS MB", "peak_rss_mb")],
+    "idle": [
+        ("boot s", "boot_s"),
+        ("ready s", "ready_s"),
+        ("peak RSS MB", "peak_rss_mb"),
+        ("idle CPU %", "idle_cpu_pct"),
+    ],
 }
 
 # workload -> figures compared as x / reference (same workload and S, reference at R=1)
 RATIO_KEYS = {
     "burst": ["all_s", "last_s", "arrived", "cpu_per_1k"],
     "steady": ["achieved_ratio", "lag_p99_ms", "cpu_per_1k"],
-    "idle": ["boot_s", "ready_s", "peak_rss_mb"],
+    "idle": ["boot_s", "ready_s", "peak_rss_mb", "idle_cpu_pct"],
 }
 REFERENCES = ("celery", "redbeat")
 

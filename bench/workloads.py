@@ -5,7 +5,8 @@
   last message, when all S had arrived, how many of S arrived within ``window`` s, duplicates.
 - ``steady``: S one-second interval entries; after every replica booted and a warm-up, a window
   of D whole seconds: achieved vs expected firings, duplicates, misses, publish lag.
-- ``idle``: S entries never due during the run, one replica: boot time and resident memory.
+- ``idle``: S entries never due during the run, one replica: boot time, resident memory, and
+  the CPU it uses while nothing is due.
 
 Every case also records CPU seconds per 1,000 messages, peak RSS and boot time of its replicas
 (boot = process spawn to Celery's ``beat_init`` signal; ready = spawn to the end of the first
@@ -58,6 +59,8 @@ class Settings:
     steady_warmup: float = 5.0
     steady_tail: float = 2.0
     idle_settle: float = 5.0
+    #: Seconds over which an idle replica's CPU is measured, after ``idle_settle``.
+    idle_window: float = 20.0
     boot_timeout: float = 300.0
     logs: Path | None = None  # where each case's logs are copied
 
@@ -322,5 +325,14 @@ def _idle(
 ) -> dict[str, Any]:
     _spawn_beats(case, cfg, procs, env)
     _wait_ready(case, cfg, procs)
+    # A voltro_beat replica is built at boot and ready after its first tick; what it does
+    # between ticks while nothing is due (heartbeats, the schedules table's poll, upkeep)
+    # is measured once the message templates are built (a few seconds at 100,000).
     time.sleep(cfg.idle_settle)
-    return {"alive": all(b.popen.poll() is None for b in procs.beats)}
+    cpu0, t0 = procs.cpu_total(), time.monotonic()
+    time.sleep(cfg.idle_window)
+    cpu1, t1 = procs.cpu_total(), time.monotonic()
+    return {
+        "alive": all(b.popen.poll() is None for b in procs.beats),
+        "idle_cpu_pct": round(100 * (cpu1 - cpu0) / (t1 - t0) / len(procs.beats), 2),
+    }
