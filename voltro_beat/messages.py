@@ -5,23 +5,24 @@ Celery's ``apply_async``/``send_task`` does a lot of work per message (option me
 routing, building the message, declaring the queue), which is what makes Celery's own beat
 fall behind at a few thousand schedules (``python -m bench.publish`` measures it). The
 message of one schedule differs from one occurrence to the next only in its task id and
-occurrence key, and from the message of another schedule of the same task, arguments and
-options (the same :func:`shape`) only in the schedule's name. So the publisher
+occurrence key, and from the message of another schedule of the same task and options (the
+same :func:`shape`) only in the schedule's name and arguments. So the publisher
 (:mod:`voltro_beat.publisher`) runs Celery's own send path **once per shape** against a
 recording producer (:class:`Recorder`), keeps the exact ``Producer.publish`` call it would
-have made (:class:`Template`), and replays it for each occurrence with the ids and the name
-patched in: a hundred thousand schedules generated for one task cost one template. Entries
-whose message depends on the publish time (``expires``, ``countdown``, ``eta``,
-``BeatLazyFunc`` arguments) and apps that listen to the publish signals go through Celery's
-full path every time (:func:`replayable`).
+have made (:class:`Template`), and replays it for each occurrence with the ids, the name and
+the schedule's :class:`Arguments` patched in: a hundred thousand schedules generated for one
+task cost one template. Entries whose message depends on the publish time (``expires``,
+``countdown``, ``eta``, ``BeatLazyFunc`` arguments) and apps that listen to the publish
+signals go through Celery's full path every time (:func:`replayable`).
 
 Even the replay costs kombu's per-message path (message preparation, routing, body encoding,
 delivery tag, retry wrappers). On kombu's Redis transport the publisher therefore also lets
 kombu build the final Redis payload once per shape (caught at the channel's ``_put``,
 rendered by kombu's own ``dumps``: :class:`RedisPush`); per occurrence it only splices the
-task id, the key, the schedule's name and a fresh delivery tag into that text, and LPUSHes
-everything on one pipeline. Whatever that capture cannot reproduce exactly (fanout, several
-bound queues, queue expiry, redis-py retries, other transports) keeps the replay.
+task id, the key, a fresh delivery tag, the schedule's name and its arguments (rendered once
+per schedule) into that text, and LPUSHes everything on one pipeline. Whatever that capture
+cannot reproduce exactly (fanout, several bound queues, queue expiry, redis-py retries, other
+transports) keeps the replay.
 """
 
 from __future__ import annotations
