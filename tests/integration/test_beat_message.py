@@ -206,11 +206,22 @@ def test_message_equals_celery_beats_own(
     )
     reference = seen(take(app, queue))
 
-    (entry,) = parse_entries({case: {**raw, "schedule": 60}}, tz=None, max_lateness=timedelta(1))
+    # A schedule of the same task and options, other arguments, prepared first: the case's
+    # message is its template's, with the case's name and arguments filled in.
+    sibling = {**raw, "args": ["another", 2.5], "kwargs": {"other": (1, None)}}
+    other, entry = parse_entries(
+        {"sibling": {**sibling, "schedule": 60}, case: {**raw, "schedule": 60}},
+        tz=None,
+        max_lateness=timedelta(1),
+    )
     publisher = Publisher(app, write_timeout=timedelta(seconds=30))
     try:
-        publisher.prepare([entry])
+        publisher.prepare([other, entry])
         assert path_of(publisher._messages[case]) == expected_path(kind, case)
+        if expected_path(kind, case) != "celery":
+            shared = publisher._messages[case], publisher._messages["sibling"]
+            assert shared[0] is not None and shared[1] is not None
+            assert shared[0].template is shared[1].template
         publisher.publish([(entry, key, task_id)])
     finally:
         publisher.reset()
