@@ -79,6 +79,8 @@ class DjangoSite(Site):
     workdir: Path = field(default_factory=Path)
     env: dict[str, str] = field(default_factory=dict)
     time_zone: str = "UTC"
+    #: The voltro_beat store the site reads (the seeded one, or its SQLite copy).
+    store_url: str = ""
 
     @classmethod
     def create(

@@ -11,6 +11,7 @@ finished (stuck).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -256,6 +257,21 @@ def failed_run(seeded: Seeded) -> dict[str, object]:
     return seeded.row(seeded.newest(status="failed")[0])
 
 
+@contextlib.contextmanager
+def fired_by_revision(store_url: str, key: str, revision: int) -> Iterator[None]:
+    """Run ``key`` of the store at ``store_url`` as if revision ``revision`` of the schedules
+    table had fired it."""
+    engine = sa.create_engine(store_url, poolclass=sa.NullPool)
+    try:
+        with engine.begin() as conn:
+            conn.execute(runs.update().where(runs.c.id == key).values(revision=revision))
+        yield
+    finally:
+        with engine.begin() as conn:
+            conn.execute(runs.update().where(runs.c.id == key).values(revision=None))
+        engine.dispose()
+
+
 def django_site(seeded: Seeded, root: Path, procs: ProcessSet, kind: str) -> DjangoSite:
     """A Django project over the seeded store: its tables in the project's PostgreSQL
     ``default`` database (``kind="postgresql"``, UTC), or copied to a SQLite file under a second
@@ -289,6 +305,7 @@ def django_site(seeded: Seeded, root: Path, procs: ProcessSet, kind: str) -> Dja
     site = DjangoSite.create(
         root / "project", procs, databases=databases, settings=settings, env=seeded.env
     )
+    site.store_url = seeded.store_url if kind == "postgresql" else f"sqlite:///{store}"
     site.shell(
         "from django_celery_results.models import TaskResult\n"
         f"TaskResult.objects.get_or_create(task_id={failed_run(seeded)['task_id']!r},"

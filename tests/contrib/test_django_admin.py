@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 import httpx
 import pytest
 from admin_sites import DjangoSite
-from conftest import GONE, LIVE, Seeded, django_site, failed_run
+from conftest import GONE, LIVE, Seeded, django_site, failed_run, fired_by_revision
 from pages import (
     COLUMNS,
     FILTERS,
@@ -156,6 +156,15 @@ def test_detail_page_has_every_column_the_error_and_the_task_result(
     assert "Traceback (most recent call last):" in text and "in boom" in text
     assert re.search(r'href="/admin/django_celery_results/taskresult/\d+/change/">FAILURE<', text)
     assert "Save" not in text  # read-only
+
+
+def test_detail_page_says_which_definition_fired_the_run(
+    viewer: httpx.Client, seeded: Seeded, site: DjangoSite
+) -> None:
+    key = str(failed_run(seeded)["id"])
+    assert "the app's beat_schedule" in html.unescape(viewer.get(change_url(key)).text)
+    with fired_by_revision(site.store_url, key, 7):
+        assert "7 (schedules table)" in viewer.get(change_url(key)).text
 
 
 def test_late_and_stuck_runs_are_marked_and_filtered(

@@ -13,7 +13,7 @@ from urllib.parse import unquote
 import httpx
 import pytest
 from admin_sites import SqladminSite, run_admin_command
-from conftest import APP, GONE, LIVE, Seeded, failed_run
+from conftest import APP, GONE, LIVE, Seeded, failed_run, fired_by_revision
 from pages import (
     COLUMNS,
     FILTERS,
@@ -105,6 +105,16 @@ def test_detail_page(operator: httpx.Client, seeded: Seeded) -> None:
     assert "ValueError: boom" in page.text
     # The traceback the worker's failure signal stored after the error line.
     assert "Traceback (most recent call last):" in page.text and "in boom" in page.text
+
+
+def test_detail_page_says_which_definition_fired_the_run(
+    operator: httpx.Client, seeded: Seeded
+) -> None:
+    key = str(failed_run(seeded)["id"])
+    page = f"/admin/run/details/{key}"
+    assert "the app's beat_schedule" in html.unescape(operator.get(page).text)
+    with fired_by_revision(seeded.store_url, key, 7):
+        assert "7 (schedules table)" in operator.get(page).text
 
 
 def test_late_and_stuck_runs_are_marked_and_filtered(

@@ -128,6 +128,11 @@ def seconds_text(seconds: float | None) -> str:
     return f"{hours} h {minutes} min"
 
 
+def revision_text(revision: int | None) -> str:
+    """Which definition fired a run: a revision of the schedules table, or the app's own."""
+    return "the app's beat_schedule" if revision is None else f"{revision} (schedules table)"
+
+
 def liveness(live: bool) -> tuple[str, str]:
     """A replica's state as its badge shows it: the word and its colour."""
     return ("live", _GREEN) if live else ("gone", _GREY)

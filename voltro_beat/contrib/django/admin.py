@@ -52,6 +52,7 @@ from voltro_beat.contrib.display import (
     liveness,
     offset_text,
     ownership,
+    revision_text,
     seconds_text,
 )
 from voltro_beat.contrib.django.models import (
@@ -222,6 +223,7 @@ class RunAdmin(ReadOnlyAdmin):
     search_help_text = "A whole occurrence key (name@2026-12-03T09:00:00) or task id."
     readonly_fields = (
         "status_badge",
+        "definition",
         "publish_lag",
         "duration_text",
         "task_result",
@@ -259,6 +261,10 @@ class RunAdmin(ReadOnlyAdmin):
     def publish_lag(self, run: Run) -> str:
         return seconds_text(lag(run.scheduled_at, run.published_at))
 
+    @admin.display(description="definition")
+    def definition(self, run: Run) -> str:
+        return revision_text(run.revision)
+
     @admin.display(description="duration")
     def duration_text(self, run: Run) -> str:
         return seconds_text(run.duration)
@@ -290,6 +296,7 @@ class RunAdmin(ReadOnlyAdmin):
                     "fields": (
                         "coordination_outcome",
                         "replica",
+                        "definition",
                         "scheduled",
                         "claimed",
                         "published",

@@ -87,6 +87,8 @@ class Run(models.Model):
     retries = models.IntegerField()
     error = models.TextField(null=True)
     lease_until = models.DateTimeField("lease until", null=True)
+    #: The revision of the schedules table that fired it (None: the app's own entry).
+    revision = models.IntegerField("schedules revision", null=True)
 
     objects = RunQuerySet.as_manager()
 

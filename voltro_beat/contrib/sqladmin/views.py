@@ -44,6 +44,7 @@ from voltro_beat.contrib.display import (
     liveness,
     offset_text,
     ownership,
+    revision_text,
     seconds_text,
 )
 from voltro_beat.contrib.sqladmin.models import Claim, Replica, Run, Shard, SingletonState
@@ -208,6 +209,7 @@ class RunAdmin(_ReadOnly, model=Run):
         "retries",
         "coordination_outcome",
         "replica",
+        "revision",
         "scheduled_at",
         "claimed_at",
         "published_at",
@@ -221,6 +223,7 @@ class RunAdmin(_ReadOnly, model=Run):
     column_labels = {
         "id": "key",
         "coordination_outcome": "outcome",
+        "revision": "definition",
         "publish_lag": "lag",
         "task_id": "task id",
         **{
@@ -241,6 +244,7 @@ class RunAdmin(_ReadOnly, model=Run):
         **column_formatters,
         "reason": lambda r, _a: r.reason or "",
         "worker": lambda r, _a: r.worker or "",
+        "revision": lambda r, _a: revision_text(r.revision),
         "error": _error,
     }
     column_searchable_list = ["id", "task_id"]
