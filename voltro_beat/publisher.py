@@ -121,6 +121,9 @@ class Prepared(NamedTuple):
 class _Shared:
     """The template of one shape (None: Celery's full path), and how many schedules use it."""
 
+    #: The shape, one object for all its schedules (a schedule's own copy would cost a hundred
+    #: bytes or so each).
+    key: Hashable
     template: RedisPush | Template | None
     users: int = 0
 
@@ -286,10 +289,10 @@ class Publisher:
             prepared = self._build(producer, entry)
             if kind is not None and (prepared is None or _shareable(path, entry, prepared)):
                 template = None if prepared is None else prepared.template
-                shared = self._shapes[kind] = _Shared(template)
-        if shared is not None and kind is not None:
+                shared = self._shapes[kind] = _Shared(kind, template)
+        if shared is not None:
             shared.users += 1
-            self._shape_of[entry.name] = kind
+            self._shape_of[entry.name] = shared.key
         self._messages[entry.name] = prepared
         return prepared
 
