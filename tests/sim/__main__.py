@@ -7,7 +7,9 @@
 
 Prints a summary (seeds, steps, faults injected by kind, violations); for each failing seed
 the violations, a minimal trace (the events of the first violation's occurrence and the
-faults) and the command that replays it. Exits 1 if any seed failed.
+faults) and the command that replays it. Exits 1 if any seed failed. Ctrl-C (SIGINT) ends a
+run of ``--seeds`` at the next seed done, with the summary of the seeds it ran (``--first``
+then resumes it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 import multiprocessing
 import os
 import random
+import signal
 import sys
 import time
 from collections import Counter
@@ -103,20 +106,37 @@ def run(args: argparse.Namespace) -> Summary:
                     _tally(summary, result, args)
     else:
         seeds = range(args.first, args.first + args.seeds)
-        with _pool(args.jobs) as pool:
-            # In order, so that --until-failure says how many seeds it took.
-            for result in pool.imap(_one, seeds, chunksize=1):
-                _tally(summary, result, args)
-                if args.until_failure and not result.ok:
-                    print(f"the first failing seed: {result.seed} ({summary.seeds} seeds run)")
-                    break
+        # Ctrl-C (SIGINT) ends a long run at the next seed done, with the summary of the seeds
+        # it finished (the workers ignore it: they finish their seed or are stopped).
+        stop: list[int] = []
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: stop.append(signum))
+        try:
+            with _pool(args.jobs) as pool:
+                # In order, so that --until-failure says how many seeds it took, and an
+                # interrupted run which seeds it ran.
+                for result in pool.imap(_one, seeds, chunksize=1):
+                    _tally(summary, result, args)
+                    if args.until_failure and not result.ok:
+                        print(f"the first failing seed: {result.seed} ({summary.seeds} seeds run)")
+                        break
+                    if stop:
+                        last = args.first + summary.seeds - 1
+                        print(f"interrupted: seeds {args.first}..{last} ran", flush=True)
+                        break
+        finally:
+            signal.signal(signal.SIGINT, previous)
     summary.wall = time.monotonic() - started
     return summary
 
 
 def _pool(jobs: int) -> Any:
     # Fresh worker processes now and then: nothing one run leaves behind can build up.
-    return multiprocessing.get_context("fork").Pool(jobs, maxtasksperchild=50)
+    return multiprocessing.get_context("fork").Pool(
+        jobs,
+        initializer=signal.signal,
+        initargs=(signal.SIGINT, signal.SIG_IGN),
+        maxtasksperchild=50,
+    )
 
 
 def _tally(summary: Summary, result: Result, args: argparse.Namespace) -> None:
