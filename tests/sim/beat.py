@@ -71,13 +71,19 @@ class SimReplica:
             runner=SimRunner(process),
         )
         self.engine.dispatch.chunk = chunk
-        #: When it joined the registry (its catch-up follows, on what the registry said).
+        #: When it joined the registry (its catch-up follows, on what the registry said); a
+        #: boot retried after a store error joins again, and its row's start moves with it.
         self.joined_at: float | None = None
+        #: When it first joined: its boot's catch-up is owed on what the registry said then,
+        #: and recorded as it stood then however often the boot is retried (seed 1984).
+        self.first_joined_at: float | None = None
         join = self.engine.membership.join
 
         def joined() -> None:
             join()
             self.joined_at = world.t
+            if self.first_joined_at is None:
+                self.first_joined_at = world.t
 
         self.engine.membership.join = joined  # type: ignore[method-assign]
         #: When it began to leave the registry (a graceful stop deletes its row: another

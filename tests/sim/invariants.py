@@ -174,17 +174,20 @@ def _live_at_boot(
     written: float | None = None,
 ) -> str | None:
     """A replica that ran ``schedule`` since before ``at`` (it had joined the registry by
-    then) and that the registry showed live when ``booting`` joined it (or, given, at
-    ``written``): a step of it went through between a lease (less a heartbeat) and a moment
-    before that, no later incarnation of it had replaced its row by then, and it had not begun
-    to leave the registry (a graceful stop, its row deleted) before ``booting`` joined. Given
+    then) and that the registry showed live when ``booting`` first joined it (a boot retried
+    after a store error owes the catch-up it owed then; or, given, at ``written``): a step of
+    it went through between a lease (less a heartbeat) and a moment before that, no later
+    incarnation of it had replaced its row by then, and it had not begun to leave the registry
+    (a graceful stop, its row deleted) before ``booting`` joined. Given
     ``written`` (cluster coordination: a shard taken over), ``booting`` itself if it had
     joined before ``at``."""
-    joined = next((r.joined_at for r in expect.replicas if r.name == booting), None)
+    me = next((r for r in expect.replicas if r.name == booting), None)
     if written is not None:
-        if joined is not None and joined < at - 0.1:
+        if me is not None and me.joined_at is not None and me.joined_at < at - 0.1:
             return f"{booting} itself"  # it took the shard over long after it booted
         return _seen_live(expect, schedule, booting, at, written)
+    # Its boot's catch-up: owed when it first joined, on what the registry said then.
+    joined = None if me is None else me.first_joined_at
     if joined is None:
         return None
     heartbeat = min(expect.lease / 4, 1.0)

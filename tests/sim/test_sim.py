@@ -37,6 +37,7 @@ REGRESSIONS = (
     8074,  # a queue backlog's runs past their lateness left queued until their turn
     9004,  # the scenario's: deploys ending after the calm began left no replica
     111,  # the invariant's: a replica leaving the registry as another joined counted live
+    1984,  # the invariant's: a retried boot judged at its last join, not its first (owed then)
 )
 
 
