@@ -27,9 +27,11 @@ recovery sweep, a queued run's promotion):
    until the messages are out).
 
 SIGTERM and SIGINT that arrive while a chunk is being written wait until its mark is under
-way: Celery's beat handles them by closing the scheduler and raising ``SystemExit``, which in
-the middle of a write would leave a chunk the broker took unmarked, for another replica to
-send again.
+way, and those that arrive while this thread waits for a mark (the last chunk's, the marks a
+close finishes) wait until it is done: Celery's beat handles them by closing the scheduler and
+raising ``SystemExit``, which in the middle of a write would leave a chunk the broker took
+unmarked, for another replica to send again, and in the middle of the wait for a mark would
+let the process end while the mark's statement runs (a second SIGTERM during the close, say).
 """
 
 from __future__ import annotations
@@ -168,7 +170,8 @@ class Dispatcher:
                     complete = False
                     break
         finally:
-            _wait(marking)
+            with self.runner.hold_signals():
+                _wait(marking)
         self._settle()
         return complete
 
@@ -186,17 +189,19 @@ class Dispatcher:
         with self._lock:
             keys, self.unmarked = self.unmarked, []
         if keys:
-            self._mark(keys)
+            with self.runner.hold_signals():
+                self._mark(keys)
         self._settle()
 
     def close(self) -> None:
-        """Write nothing more; finish the mark under way and settle what was marked."""
+        """Write nothing more; finish the marks under way and settle what was marked."""
         self.halted = True
-        self.runner.shutdown()
-        try:
-            self.flush()
-        except StoreError as exc:  # what is left, another replica's recovery settles
-            logger.debug("voltro_beat: could not settle at close: %s", exc)
+        with self.runner.hold_signals():
+            self.runner.shutdown()
+            try:
+                self.flush()
+            except StoreError as exc:  # what is left, another replica's recovery settles
+                logger.debug("voltro_beat: could not settle at close: %s", exc)
 
     # -- the steps --------------------------------------------------------------------------
 

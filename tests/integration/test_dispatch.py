@@ -10,6 +10,7 @@ fails once, the write pauses): the store, its SQL and the broker are the real on
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -23,6 +24,7 @@ from celery import Celery
 from celery.apps.beat import Beat
 from kombu import Connection, Queue
 
+from voltro_beat import dispatch
 from voltro_beat.clock import Clock
 from voltro_beat.coordination import Coordination
 from voltro_beat.dispatch import Dispatcher
@@ -229,6 +231,54 @@ def test_sigterm_in_the_middle_of_a_write_waits_for_its_mark(
     assert row(holder, a.key)["published_at"] is not None
     assert row(holder, a.key)["status"] == "published"
     assert [row(holder, o.key)["published_at"] for o in (b, c)] == [None, None]
+
+
+def test_sigterm_while_the_last_mark_runs_waits_until_it_is_done(
+    stores: Callable[[str], BeatStore], app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by tests/sim (seed 7146 of the long run): a replica told to stop twice (a
+    rolling deploy's SIGTERM during its close, a second Ctrl-C) took the second signal while
+    it waited for the mark of the last chunk it had written. Celery's handler (the scheduler
+    already closed: it only raises ``SystemExit``) ended the wait there, and the process ended
+    while the mark's statement ran on the marker thread: the broker had the chunk, its rows
+    never got their publish time. The signal now waits until the mark is done. Fails without
+    it: the ``SystemExit`` leaves the delivery before the row is marked."""
+    holder = stores("holder")
+    a, _, _ = claimed_now(holder)
+    d = dispatcher(holder, app)
+    fenced = d.fence([a])
+    main = threading.main_thread().ident
+    assert main is not None
+    waiting = threading.Event()
+    wait = dispatch._wait
+
+    def waits(marking: Any) -> None:
+        if marking is not None:
+            waiting.set()  # the main thread waits for the mark from here on
+        wait(marking)
+
+    mark = holder.mark_published
+
+    def slow_mark(keys: Any) -> Any:  # on the marker thread
+        assert waiting.wait(10)
+        signal.pthread_kill(main, signal.SIGTERM)  # the kernel interrupts the main thread
+        time.sleep(0.5)  # a slow statement
+        return mark(keys)
+
+    monkeypatch.setattr(dispatch, "_wait", waits)
+    monkeypatch.setattr(holder, "mark_published", slow_mark)
+    previous = signal.getsignal(signal.SIGTERM)
+    Beat(app=app).install_sync_handler(SimpleNamespace(sync=lambda: None))
+    try:
+        with pytest.raises(SystemExit):
+            d.deliver([fenced])
+            time.sleep(5)  # the signal lands no later than the end of the delivery
+        # The process would end here: what the broker took must be marked already.
+        assert row(holder, a.key)["published_at"] is not None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        d.close()
+    assert sent_keys(app) == [a.key]
 
 
 # -- the broker refuses some messages ---------------------------------------------------------
