@@ -381,30 +381,18 @@ def _checked_cron(
 
 def _celery_spec(value: object, tz: str, entry: str) -> Spec:
     cls = type(value)
-    # The class itself first: the whole MRO only for subclasses defined elsewhere.
-    if not cls.__module__.startswith("celery.") and not any(
-        base.__module__.startswith("celery.") for base in cls.__mro__
-    ):
+    kind = _celery_kind(cls)
+    if kind == "unknown":
+        raise ConfigurationError(f"unknown schedule type {cls.__name__}", **_at(entry, "schedule"))
+    if kind == "unsupported":
         raise ConfigurationError(
-            f"unknown schedule type {type(value).__name__}", **_at(entry, "schedule")
+            f"unsupported Celery schedule type {cls.__name__}", **_at(entry, "schedule")
         )
     # Imported here only: a Celery object means Celery is loaded already, and the occurrence
     # maths must not import it.
     from celery import schedules
 
-    known = next(
-        (
-            base
-            for base in (schedules.crontab, schedules.solar, schedules.schedule)
-            if isinstance(value, base)
-        ),
-        None,
-    )
-    if not isinstance(value, schedules.BaseSchedule) or cls is schedules.BaseSchedule:
-        raise ConfigurationError(
-            f"unsupported Celery schedule type {cls.__name__}", **_at(entry, "schedule")
-        )
-    if known is None or _own_timing(cls, known):
+    if kind == "custom":
         return _custom_spec(value, schedules.BaseSchedule, entry)
     if isinstance(value, schedules.crontab):
         minutes, hours, days, months, weekdays = _CRONTAB_FULL
@@ -427,6 +415,33 @@ _TIMING = ("next_after", "remaining_estimate", "is_due")
 #: The instant the boot check walks a custom schedule from (pure code reads no clock).
 _PROBE = datetime(2026, 1, 1, tzinfo=UTC)
 _PROBE_STEPS = 3
+
+
+@functools.cache
+def _celery_kind(cls: type) -> str:
+    """What a schedule class is to voltro_beat (once per class: an app of 100,000 schedules
+    has a handful): ``unknown`` (not Celery's), ``unsupported``, ``custom`` (instants of its
+    own), or Celery's ``crontab``, ``solar`` or ``schedule``."""
+    # The class itself first: the whole MRO only for subclasses defined elsewhere.
+    if not cls.__module__.startswith("celery.") and not any(
+        base.__module__.startswith("celery.") for base in cls.__mro__
+    ):
+        return "unknown"
+    from celery import schedules
+
+    if not issubclass(cls, schedules.BaseSchedule) or cls is schedules.BaseSchedule:
+        return "unsupported"
+    known = next(
+        (
+            base
+            for base in (schedules.crontab, schedules.solar, schedules.schedule)
+            if issubclass(cls, base)
+        ),
+        None,
+    )
+    if known is None or _own_timing(cls, known):
+        return "custom"
+    return known.__name__
 
 
 def _own_timing(cls: type, known: type) -> bool:

@@ -246,10 +246,20 @@ def graces(entries: Iterable[Entry]) -> dict[str, timedelta]:
     """Per schedule, how long its claims outlive a newer win: about sixty predecessors,
     1 min..1 h (none for a schedule without a cadence)."""
     found = {}
+    # Entries of one expression share their spec: one grace per spec, one object per grace.
+    of_spec: dict[int, timedelta | None] = {}
     for entry in entries:
-        step = cadence(entry.spec)
-        if step is not None:
-            found[entry.name] = min(max(step * 60, timedelta(minutes=1)), timedelta(hours=1))
+        key = id(entry.spec)
+        if key not in of_spec:
+            step = cadence(entry.spec)
+            of_spec[key] = (
+                None
+                if step is None
+                else min(max(step * 60, timedelta(minutes=1)), timedelta(hours=1))
+            )
+        grace = of_spec[key]
+        if grace is not None:
+            found[entry.name] = grace
     return found
 
 

@@ -13,6 +13,7 @@ the database's :class:`~voltro_beat.store.dialect.Dialect` does.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import NamedTuple
@@ -25,7 +26,6 @@ from voltro_beat.runs import Run
 from voltro_beat.shards import Tenure
 from voltro_beat.status import Status
 from voltro_beat.store.database import Database
-from voltro_beat.store.dialect import SQLITE_CHUNK, chunks
 from voltro_beat.store.leases import Leases
 from voltro_beat.store.shard_leases import ShardLeases
 from voltro_beat.store.sweeps import Sweeps
@@ -182,17 +182,20 @@ class BeatStore(Leases, Sweeps, ShardLeases):
     # -- reads ---------------------------------------------------------------------------
 
     def last_scheduled(self, schedules: Sequence[str]) -> dict[str, datetime]:
-        """The newest recorded occurrence of each schedule that has any history."""
-        found: dict[str, datetime] = {}
-        stmt = (
-            sa.select(runs.c.schedule, sa.func.max(runs.c.scheduled_at))
-            .where(runs.c.schedule.in_(sa.bindparam("names", expanding=True)))
-            .group_by(runs.c.schedule)
+        """The newest recorded occurrence of each schedule that has any history: one
+        statement, one look-up of the newest end of the schedule's index per name (not every
+        row of the schedule a day of retention holds)."""
+        names = self.database.dialect.names().columns(sa.column("name", sa.String)).subquery()
+        newest = (
+            sa.select(sa.func.max(runs.c.scheduled_at))
+            .where(runs.c.schedule == names.c.name)
+            .scalar_subquery()
         )
         with self.database.connect() as conn:
-            for chunk in chunks(list(schedules), SQLITE_CHUNK):
-                found.update((name, at) for name, at in conn.execute(stmt, {"names": chunk}))
-        return found
+            rows = conn.execute(
+                sa.select(names.c.name, newest), {"names": json.dumps(list(schedules))}
+            )
+            return {name: at for name, at in rows if at is not None}
 
     def row_estimates(self) -> dict[str, int]:
         """Rows in each of voltro_beat's tables, estimated without counting them: the

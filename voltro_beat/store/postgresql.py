@@ -235,7 +235,7 @@ class PostgreSQL(Dialect):
         return sa.func.greatest(*values)
 
     def names(self) -> sa.TextClause:
-        return sa.text("SELECT json_array_elements_text(CAST(:names AS json))")
+        return sa.text("SELECT json_array_elements_text(CAST(:names AS json)) AS name")
 
     def skip_locked(self, select: sa.Select[Any]) -> sa.Select[Any]:
         return select.with_for_update(skip_locked=True)

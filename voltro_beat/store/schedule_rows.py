@@ -70,11 +70,9 @@ class ScheduleRows:
 
     def get(self, names: Sequence[str]) -> dict[str, ScheduleRow]:
         """The rows of ``names`` that exist."""
-        stmt = sa.select(schedules).where(
-            schedules.c.name.in_(sa.bindparam("names", expanding=True))
-        )
+        stmt = sa.select(schedules).where(schedules.c.name.in_(self.database.dialect.names()))
         with self.database.connect() as conn:
-            return {r.name: _row(r) for r in conn.execute(stmt, {"names": list(names)})}
+            return {r.name: _row(r) for r in conn.execute(stmt, {"names": json.dumps(list(names))})}
 
     def changed_since(self, revision: int) -> tuple[int, dict[str, ScheduleRow | None]]:
         """The newest revision, and each schedule changed after ``revision`` as it stands
@@ -91,10 +89,8 @@ class ScheduleRows:
             rows = {
                 r.name: _row(r)
                 for r in conn.execute(
-                    sa.select(schedules).where(
-                        schedules.c.name.in_(sa.bindparam("names", expanding=True))
-                    ),
-                    {"names": names},
+                    sa.select(schedules).where(schedules.c.name.in_(self.database.dialect.names())),
+                    {"names": json.dumps(names)},
                 )
             }
         return max(rev for rev, _ in found), {name: rows.get(name) for name in names}

@@ -102,7 +102,7 @@ class SQLite(Dialect):
         return sa.func.max(*values)
 
     def names(self) -> sa.TextClause:
-        return sa.text("SELECT value FROM json_each(:names)")
+        return sa.text("SELECT value AS name FROM json_each(:names)")
 
     def skip_locked(self, select: sa.Select[Any]) -> sa.Select[Any]:
         return select
