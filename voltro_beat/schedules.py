@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from voltro_beat import cron
@@ -406,7 +406,7 @@ def _celery_spec(value: object, tz: str, entry: str) -> Spec:
     if isinstance(value, schedules.solar):
         return SolarSpec(value.event, float(value.lat), float(value.lon))
     # schedule(relative=True) keeps the epoch grid, as the entry's relative key does.
-    return IntervalSpec(_interval_us(value.run_every, entry))
+    return IntervalSpec(_interval_us(cast(schedules.schedule, value).run_every, entry))
 
 
 #: How a schedule class tells its own instants: the hook voltro_beat prefers, then Celery's.
@@ -417,11 +417,21 @@ _PROBE = datetime(2026, 1, 1, tzinfo=UTC)
 _PROBE_STEPS = 3
 
 
-@functools.cache
+#: Each schedule class met, and what it is (:func:`_celery_kind`).
+_KINDS: dict[type, str] = {}
+
+
 def _celery_kind(cls: type) -> str:
-    """What a schedule class is to voltro_beat (once per class: an app of 100,000 schedules
-    has a handful): ``unknown`` (not Celery's), ``unsupported``, ``custom`` (instants of its
-    own), or Celery's ``crontab``, ``solar`` or ``schedule``."""
+    """What a schedule class is to voltro_beat (found once per class: an app of 100,000
+    schedules has a handful): ``unknown`` (not Celery's), ``unsupported``, ``custom`` (instants
+    of its own), or Celery's ``crontab``, ``solar`` or ``schedule``."""
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _KINDS[cls] = _kind_of(cls)
+    return kind
+
+
+def _kind_of(cls: type) -> str:
     # The class itself first: the whole MRO only for subclasses defined elsewhere.
     if not cls.__module__.startswith("celery.") and not any(
         base.__module__.startswith("celery.") for base in cls.__mro__
@@ -441,7 +451,7 @@ def _celery_kind(cls: type) -> str:
     )
     if known is None or _own_timing(cls, known):
         return "custom"
-    return known.__name__
+    return str(known.__name__)
 
 
 def _own_timing(cls: type, known: type) -> bool:

@@ -77,7 +77,7 @@ class Live:
     ) -> None:
         self.rows = ScheduleRows(database)
         self._settings = settings
-        self._code = dict(code)
+        self._code = code  # read only (a copy costs megabytes at 100,000 schedules)
         self._entries = entries
         self._overlap = overlap
         self._overlap_timeout = overlap_timeout

@@ -57,7 +57,7 @@ class Recorder:
         guard: Guard,
         coordination: Coordination,
         lease: timedelta,
-        graces: Mapping[str, timedelta],
+        graces: dict[str, timedelta],
         metrics: Metrics,
     ) -> None:
         self._store = store
@@ -66,7 +66,7 @@ class Recorder:
         self._coordination = coordination
         self._lease = lease
         #: Per schedule: claims older than this much before a won occurrence are pruned.
-        self._graces = dict(graces)
+        self._graces = graces  # its own from here on (:func:`graces` makes a new one)
         #: Per schedule of the schedules table: its last change, before which no catch-up
         #: looks (enabling it again fires nothing for the time it was disabled).
         self._floors: dict[str, datetime] = {}
