@@ -5,9 +5,9 @@
     python -m tests.sim --seed 1234                # replay one seed, with its trace
     python -m tests.sim --budget 180               # fresh random seeds for 180 s (CI)
 
-Prints a summary (seeds, steps, faults injected by kind, violations); for each failing seed
-the violations, a minimal trace (the events of the first violation's occurrence and the
-faults) and the command that replays it. Exits 1 if any seed failed. Ctrl-C (SIGINT) ends a
+Prints a summary (seeds, steps, faults injected by kind, a digest of what the seeds did,
+violations); for each failing seed the violations, a minimal trace (the events of the first
+violation's occurrence and the faults) and the command that replays it. Exits 1 if any seed failed. Ctrl-C (SIGINT) ends a
 run of ``--seeds`` at the next seed done, with the summary of the seeds it ran (``--first``
 then resumes it).
 """
@@ -15,6 +15,7 @@ then resumes it).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import multiprocessing
 import os
@@ -42,8 +43,15 @@ class Summary:
     violations: Counter[str] = field(default_factory=Counter)
     failed: list[Result] = field(default_factory=list)
     wall: float = 0.0
+    #: Of every seed's trace and step count, in the order added: two commits that behave
+    #: alike under simulation print the same for the same ``--seeds`` (a change meant to
+    #: alter no behaviour, a refactoring, a speed-up, can be checked with it).
+    behaviour: Any = field(default_factory=hashlib.sha1)
 
     def add(self, result: Result) -> None:
+        self.behaviour.update(f"{result.seed} {result.steps}\n".encode())
+        for event in result.trace:
+            self.behaviour.update(f"{event}\n".encode())
         self.seeds += 1
         self.steps += result.steps
         self.occurrences += result.occurrences
@@ -162,6 +170,7 @@ def print_summary(summary: Summary) -> None:
     print("faults injected (seeds with each kind):")
     for kind, n in sorted(summary.faults.items()):
         print(f"  {kind:<28} {n}")
+    print(f"behaviour digest: {summary.behaviour.hexdigest()[:16]}")
     print(f"violations: {sum(summary.violations.values())}")
     for kind, n in sorted(summary.violations.items()):
         print(f"  {kind:<28} {n}")
