@@ -7,9 +7,9 @@
 
 Prints a summary (seeds, steps, faults injected by kind, a digest of what the seeds did,
 violations); for each failing seed the violations, a minimal trace (the events of the first
-violation's occurrence and the faults) and the command that replays it. Exits 1 if any seed failed. Ctrl-C (SIGINT) ends a
-run of ``--seeds`` at the next seed done, with the summary of the seeds it ran (``--first``
-then resumes it).
+violation's occurrence and the faults) and the command that replays it. Exits 1 if any seed
+failed. Ctrl-C (SIGINT) ends a run of ``--seeds`` at the next seed done, with the summary of
+the seeds it ran (``--first`` then resumes it).
 """
 
 from __future__ import annotations
