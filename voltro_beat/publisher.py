@@ -1,8 +1,9 @@
 """Won occurrence -> broker message, over one reused connection: pipelined on Redis,
 confirmed by the broker on AMQP.
 
-What each message holds, and the templates that spare Celery's send path per occurrence,
-are :mod:`voltro_beat.messages`; here they are sent, and the broker's answer collected.
+What each message holds is :mod:`voltro_beat.messages`, and which template each schedule
+fills in :mod:`voltro_beat.templates`; here the templates are built from Celery's send path,
+the messages sent, and the broker's answer collected (on AMQP, :mod:`voltro_beat.confirms`).
 """
 
 from __future__ import annotations
@@ -11,16 +12,15 @@ import contextlib
 import itertools
 import logging
 import operator
-import time
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from kombu import Connection, Producer
 
 from voltro_beat import logs
+from voltro_beat.confirms import CONFIRM_EVERY, Confirms
 from voltro_beat.exceptions import PublishError
 from voltro_beat.messages import (
     Arguments,
@@ -31,8 +31,8 @@ from voltro_beat.messages import (
     arguments,
     delivery_tags,
     replayable,
-    shape,
 )
+from voltro_beat.templates import Prepared, Templates, filled, recorded_arguments
 
 if TYPE_CHECKING:
     from voltro_beat.schedules import Entry
@@ -43,90 +43,6 @@ logger = logging.getLogger(__name__)
 #: and leave the run ``claimed`` for the recovery sweep.
 RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
 
-#: On AMQP, the publisher waits for the broker's confirms after this many messages: a
-#: connection lost meanwhile leaves at most that many in doubt (sent again, same task ids),
-#: and a thousand messages cost ten round trips, not a thousand.
-CONFIRM_EVERY = 100
-
-
-class _Confirms:
-    """RabbitMQ's publisher confirms on one channel, waited for a batch at a time.
-
-    The channel is in confirm mode: the broker answers each message with an ack (it took it)
-    or a nack (it refused it: a queue at ``x-max-length`` with ``reject-publish``, an internal
-    queue error), by delivery tag (1, 2, ... in publish order), several at once when
-    ``multiple``. Waiting for the last tag of a batch (:data:`CONFIRM_EVERY` messages) costs
-    about one round trip for the whole batch, where waiting for each message (kombu's
-    ``confirm_publish``) costs one per message.
-    """
-
-    def __init__(self, channel: Any) -> None:
-        channel.confirm_select()
-        #: The tags handed out on this channel so far (one per basic.publish).
-        self.published = 0
-        #: The broker answered for every tag up to this one.
-        self.answered = 0
-        #: The answered tags it refused (until the publisher collects them).
-        self.refused: set[int] = set()
-        #: Answers beyond ``answered`` (tag -> refused), out of order.
-        self._early: dict[int, bool] = {}
-        channel.events["basic_ack"].add(self._on_ack)
-        channel.events["basic_nack"].add(self._on_nack)
-
-    def _on_ack(self, tag: int, multiple: bool) -> None:
-        self._answer(tag, multiple, refused=False)
-
-    def _on_nack(self, tag: int, multiple: bool) -> None:
-        self._answer(tag, multiple, refused=True)
-
-    def _answer(self, tag: int, multiple: bool, *, refused: bool) -> None:
-        for t in range(self.answered + 1, tag + 1) if multiple else (tag,):
-            self._early.setdefault(t, refused)
-        while self.answered + 1 in self._early:
-            self.answered += 1
-            if self._early.pop(self.answered):
-                self.refused.add(self.answered)
-
-    def wait(self, connection: Connection, timeout: float) -> None:
-        """Until the broker answered every message published so far; raises if the answers
-        do not come within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while self.answered < self.published:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"no publisher confirm within {timeout:g} s")
-            connection.drain_events(timeout=remaining)
-
-    def collect(self, first: int) -> dict[int, str]:
-        """The refused messages published after tag ``first``, by their index from it."""
-        refused = {
-            tag - first - 1: "refused by the broker (basic.nack)"
-            for tag in self.refused
-            if tag > first
-        }
-        self.refused.clear()
-        return refused
-
-
-class Prepared(NamedTuple):
-    """One schedule's message: a template (its own, or its shape's) and what the schedule fills
-    in: for a :class:`RedisPush` its arguments' JSON (:meth:`RedisPush.fill`), for a
-    :class:`Template` its :class:`Arguments` (None: the template's own)."""
-
-    template: RedisPush | Template
-    fill: Any
-
-
-@dataclass(slots=True)
-class _Shared:
-    """The template of one shape (None: Celery's full path), and how many schedules use it."""
-
-    #: The shape, one object for all its schedules (a schedule's own copy would cost a hundred
-    #: bytes or so each).
-    key: Hashable
-    template: RedisPush | Template | None
-    users: int = 0
-
 
 class Publisher:
     """Publishes occurrences through one reused broker connection and producer."""
@@ -136,18 +52,12 @@ class Publisher:
         self.write_timeout = write_timeout
         self._connection: Connection | None = None
         self._producer: Producer | None = None
-        #: Per schedule: its captured Redis payload, else its recorded publish call, with what
-        #: it fills in; or None for Celery's full path. One template for all the schedules of a
-        #: shape (:func:`voltro_beat.messages.shape`).
-        self._messages: dict[str, Prepared | None] = {}
-        #: Per shape in use: its template, and how many schedules use it.
-        self._shapes: dict[Hashable, _Shared] = {}
-        #: Per schedule with a shape: that shape.
-        self._shape_of: dict[str, Hashable] = {}
+        #: Per schedule, its message template (:mod:`voltro_beat.templates`).
+        self.templates = Templates()
         self._send_path: SendPath | None = None
         self._declared: set[str] = set()
         #: On AMQP, the producer channel's publisher confirms.
-        self._confirms: _Confirms | None = None
+        self._confirms: Confirms | None = None
 
     def publish(self, messages: Sequence[tuple[Entry, str, str]]) -> dict[int, str]:
         """Send each ``(entry, occurrence key, task id)``; return the messages the broker
@@ -165,7 +75,7 @@ class Publisher:
         sent = 0
         batched = False
         pushes: list[tuple[str, str, int]] = []
-        confirms: _Confirms | None = None
+        confirms: Confirms | None = None
         first = 0
         try:
             producer = self._get_producer()
@@ -262,39 +172,11 @@ class Publisher:
 
     def forget(self, name: str) -> None:
         """Forget schedule ``name``'s message (its definition changed): the next publish or
-        :meth:`prepare` prepares it again, by its new shape. A shape no schedule uses any more
-        is dropped."""
-        self._messages.pop(name, None)
-        kind = self._shape_of.pop(name, None)
-        if kind is not None:
-            shared = self._shapes[kind]
-            shared.users -= 1
-            if not shared.users:
-                del self._shapes[kind]
+        :meth:`prepare` prepares it again, by its new shape."""
+        self.templates.forget(name)
 
     def _prepared(self, producer: Producer, entry: Entry) -> Prepared | None:
-        try:
-            return self._messages[entry.name]
-        except KeyError:
-            pass
-        path = self._path()
-        kind = shape(path, entry) if replayable(path, entry) else None
-        shared = None if kind is None else self._shapes.get(kind)
-        prepared: Prepared | None
-        if shared is not None:
-            prepared = None
-            if shared.template is not None:
-                prepared = _filled(shared.template, Arguments.of(path, entry))
-        else:
-            prepared = self._build(producer, entry)
-            if kind is not None and (prepared is None or _shareable(path, entry, prepared)):
-                template = None if prepared is None else prepared.template
-                shared = self._shapes[kind] = _Shared(kind, template)
-        if shared is not None:
-            shared.users += 1
-            self._shape_of[entry.name] = shared.key
-        self._messages[entry.name] = prepared
-        return prepared
+        return self.templates.of(self._path(), entry, lambda: self._build(producer, entry))
 
     def _path(self) -> SendPath:
         """The app's send path as it stood at the first message prepared."""
@@ -329,7 +211,7 @@ class Publisher:
         if push is None:
             return Prepared(recorded, None)
         declare = recorded.kwargs.get("declare") or ()
-        return _filled(push._replace(declare=declare), _recorded_arguments(recorded))
+        return filled(push._replace(declare=declare), recorded_arguments(recorded))
 
     def _replay(
         self,
@@ -382,7 +264,7 @@ class Publisher:
             producer = self.app.amqp.Producer(connection, auto_declare=False)
             if connection.transport.driver_type == "amqp":
                 # A message counts as sent once RabbitMQ confirmed it.
-                self._confirms = _Confirms(producer.channel)
+                self._confirms = Confirms(producer.channel)
             self._connection, self._producer = connection, producer
         return self._producer
 
@@ -395,26 +277,3 @@ class Publisher:
             # A broken connection may fail to close; it is being dropped either way.
             with contextlib.suppress(Exception):
                 connection.release()
-
-
-def _recorded_arguments(recorded: Template) -> Arguments:
-    """The arguments of the message Celery's send path made for ``recorded``."""
-    args, kwargs, _ = recorded.body
-    headers = recorded.kwargs["headers"]
-    return Arguments(args, kwargs, headers["argsrepr"], headers["kwargsrepr"])
-
-
-def _filled(template: RedisPush | Template, arguments: Arguments) -> Prepared:
-    if isinstance(template, RedisPush):
-        return Prepared(template, template.fill(arguments))
-    return Prepared(template, arguments)
-
-
-def _shareable(path: SendPath, entry: Entry, prepared: Prepared) -> bool:
-    """Whether the arguments of ``entry`` as :meth:`Arguments.of` makes them are the ones
-    Celery's send path wrote in its message: if so, the other schedules of its shape fill in
-    theirs the same way; if not, each builds a template of its own."""
-    mine = Arguments.of(path, entry)
-    if isinstance(prepared.template, RedisPush):
-        return bool(prepared.fill == prepared.template.fill(mine))
-    return _recorded_arguments(prepared.template) == mine

@@ -39,7 +39,7 @@ from vbt_harness import (
     start_private_redis,
 )
 
-from voltro_beat.publisher import CONFIRM_EVERY
+from voltro_beat.confirms import CONFIRM_EVERY
 
 EVERY = timedelta(seconds=15)
 SIZE = 2500

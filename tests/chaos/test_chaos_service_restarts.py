@@ -38,7 +38,7 @@ from vbt_harness import (
     window_start,
 )
 
-from voltro_beat.publisher import CONFIRM_EVERY
+from voltro_beat.confirms import CONFIRM_EVERY
 
 STEADY = [Sched(f"steady-{i:03d}", '"* * * * * *"') for i in range(200)]
 SETTLE = timedelta(seconds=6)

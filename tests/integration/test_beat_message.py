@@ -26,8 +26,9 @@ from kombu import Exchange, Queue
 
 from voltro_beat.messages import RedisPush, Template
 from voltro_beat.occurrences import task_id_for
-from voltro_beat.publisher import Prepared, Publisher
+from voltro_beat.publisher import Publisher
 from voltro_beat.schedules import parse_entries
+from voltro_beat.templates import Prepared
 
 AMQP_URL = os.environ.get("VOLTRO_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//")
 RUN = uuid.uuid4().hex[:8]
@@ -217,9 +218,9 @@ def test_message_equals_celery_beats_own(
     publisher = Publisher(app, write_timeout=timedelta(seconds=30))
     try:
         publisher.prepare([other, entry])
-        assert path_of(publisher._messages[case]) == expected_path(kind, case)
+        assert path_of(publisher.templates.prepared[case]) == expected_path(kind, case)
         if expected_path(kind, case) != "celery":
-            shared = publisher._messages[case], publisher._messages["sibling"]
+            shared = publisher.templates.prepared[case], publisher.templates.prepared["sibling"]
             assert shared[0] is not None and shared[1] is not None
             assert shared[0].template is shared[1].template
         publisher.publish([(entry, key, task_id)])

@@ -117,7 +117,7 @@ def test_replayed_message_equals_celerys_own(raw: dict[str, Any], queue: str) ->
 
 
 def template_of(publisher: Publisher, name: str) -> Any:
-    prepared = publisher._messages[name]
+    prepared = publisher.templates.prepared[name]
     return None if prepared is None else prepared.template
 
 
@@ -162,9 +162,9 @@ def test_schedules_of_one_shape_share_a_template_and_send_celerys_own_messages(
     # A changed definition forgets its schedule's message; the shape goes with its last user.
     for e in entries[1:]:
         publisher.forget(e.name)
-    assert len(publisher._shapes) == 1
+    assert len(publisher.templates.shapes) == 1
     publisher.forget("s0")
-    assert not publisher._shapes and not publisher._messages
+    assert not publisher.templates.shapes and not publisher.templates.prepared
     publisher.reset()
 
 

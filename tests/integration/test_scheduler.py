@@ -795,7 +795,7 @@ def test_message_templates_are_built_a_slice_at_a_time(
     monkeypatch.setattr(upkeep, "PREPARE_SLICE", 0.0)
     schedule = {f"s{n}": {"task": "proj.work", "schedule": 60.0} for n in range(3)}
     r1 = replicas("r1", schedule=schedule)
-    built = r1._engine.publisher._messages
+    built = r1._engine.publisher.templates.prepared
     assert [tick(r1, sec(0.5)), len(built)] == [0, 1]
     assert [tick(r1, sec(0.6)), len(built)] == [0, 2]
     assert tick(r1, sec(0.7)) > 0
