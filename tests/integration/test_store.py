@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -65,6 +67,21 @@ def test_schema_matches_the_table_definitions(stores: Callable[[str], BeatStore]
         context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
         diff = compare_metadata(context, metadata)
     assert diff == []
+
+
+def test_a_schema_at_the_newest_migration_is_not_handed_to_alembic(url: str) -> None:
+    # Every boot upgrades: once the schema is current, beat does not load Alembic (11 MB).
+    store = open_store(url, replica="boot")
+    store.database.upgrade()
+    store.close()
+    boot = (
+        "import sys; from voltro_beat.store.database import Database; "
+        f"Database.open({url!r}).upgrade(); print(sorted(m for m in sys.modules if 'alembic' in m))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", boot], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert loaded.stdout.strip() == "[]", loaded.stderr
 
 
 def test_claim_once_across_replicas(stores: Callable[[str], BeatStore]) -> None:
