@@ -71,6 +71,14 @@ class Membership:
         self._said: set[tuple[Any, ...]] = set()
         self._far = False
 
+    @property
+    def rank(self) -> float:
+        """This replica's place among the live replicas (itself too), as a fraction in
+        ``[0, 1)``: where in a burst it starts claiming (:meth:`Recorder.record`)."""
+        me = self.settings.replica
+        names = sorted({r.name for r in self.live} | {me})
+        return names.index(me) / len(names)
+
     def join(self) -> None:
         """Take a first clock reading, register (replacing an earlier row of this name) and
         look at the others."""

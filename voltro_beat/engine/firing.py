@@ -262,7 +262,7 @@ class Engine:
                     self.timeline.push(p)
 
     def _record(self, runs: list[Run], now: datetime) -> None:
-        for won in self.recorder.record(runs, now, self.gate.tenure):
+        for won in self.recorder.record(runs, now, self.gate.tenure, self.membership.rank):
             for o in won:
                 self.ready.push(o)
             # Between two claim statements: what the last one won is fenced and published as
@@ -291,7 +291,7 @@ class Engine:
         )
 
     def _catch_up(self) -> None:
-        for o in self.recorder.settle(self.clock.now(), self.gate.tenure):
+        for o in self.recorder.settle(self.clock.now(), self.gate.tenure, self.membership.rank):
             self.ready.push(o)
 
     # -- timing ---------------------------------------------------------------------------
