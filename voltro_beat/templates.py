@@ -26,7 +26,7 @@ class Prepared(NamedTuple):
 
 
 @dataclass(slots=True)
-class Shared:
+class _Shared:
     """The template of one shape (None: Celery's full path), and how many schedules use it."""
 
     #: The shape, one object for all its schedules (a schedule's own copy would cost a hundred
@@ -44,7 +44,7 @@ class Templates:
         #: it fills in; or None for Celery's full path.
         self.prepared: dict[str, Prepared | None] = {}
         #: Per shape in use: its template, and how many schedules use it.
-        self.shapes: dict[Hashable, Shared] = {}
+        self.shapes: dict[Hashable, _Shared] = {}
         #: Per schedule with a shape: that shape.
         self._shape_of: dict[str, Hashable] = {}
 
@@ -68,7 +68,7 @@ class Templates:
             prepared = build()
             if kind is not None and (prepared is None or _shareable(path, entry, prepared)):
                 template = None if prepared is None else prepared.template
-                shared = self.shapes[kind] = Shared(kind, template)
+                shared = self.shapes[kind] = _Shared(kind, template)
         if shared is not None:
             shared.users += 1
             self._shape_of[entry.name] = shared.key
