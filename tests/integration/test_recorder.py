@@ -34,7 +34,8 @@ def test_replicas_claiming_one_burst_at_once_each_win_a_share(
             max_lateness=timedelta(hours=1),
         )
     }
-    runs = [run_of(e, AT, AT - timedelta(seconds=5), None) for e in entries.values()]
+    now = AT - timedelta(seconds=5)
+    runs = [run_of(e, AT, now, None) for e in entries.values()]
 
     def replica(name: str) -> Recorder:
         store = stores(name)
@@ -49,7 +50,6 @@ def test_replicas_claiming_one_burst_at_once_each_win_a_share(
             metrics,
         )
 
-    now = AT - timedelta(seconds=5)
     first = replica("r1").record(runs, now, start=0.0)
     second = replica("r2").record(runs, now, start=0.5)
     won: dict[str, list[str]] = {"r1": [], "r2": []}
