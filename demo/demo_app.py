@@ -32,6 +32,8 @@ app.conf.update(
 )
 if broker.startswith("filesystem"):
     folder = os.environ["DEMO_BROKER_FOLDER"]
+    # kombu's filesystem transport, writing each message whole before a worker sees it.
+    app.conf.broker_transport = "demo_broker:Transport"
     app.conf.broker_transport_options = {
         "data_folder_in": folder,
         "data_folder_out": folder,

@@ -28,6 +28,8 @@ HERE = Path(__file__).resolve().parent
 console = Console(width=max(Console().width, 100))
 #: The filesystem broker has no fanout exchanges: no worker-to-worker chatter.
 WORKER_FLAGS = ("--without-mingle", "--without-gossip", "--without-heartbeat")
+#: Each started process's log file (in the work folder), by its pid.
+LOGS: dict[int, str] = {}
 
 
 def main() -> int:
@@ -100,9 +102,14 @@ def _watch(
     """Wait ``seconds`` or until ``done()``; False if a process died meanwhile."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not done():
-        if any(p.poll() is not None for p in procs):
-            console.print(f"[red]a process exited early; see the logs in {work}[/]")
-            return False
+        for p in procs:
+            if p.poll() is not None:
+                log = work / LOGS[p.pid]
+                console.print(
+                    f"[red]a process exited early (code {p.returncode}); its log, {log}:[/]"
+                )
+                console.print("\n".join(_text(log).splitlines()[-20:]), markup=False)
+                return False
         time.sleep(0.2)
     return True
 
@@ -113,7 +120,9 @@ def _text(path: Path) -> str:
 
 def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    LOGS[proc.pid] = log.name
+    return proc
 
 
 def _wait(procs: list[subprocess.Popen[bytes]]) -> None:
