@@ -2,7 +2,7 @@
 and performs what is due, and says when it next needs to run.
 
 Each step sends the occurrences due within the claim lead through the coordination gate (one
-statement), keeps the ones this replica won until their instant
+statement; a larger burst in the next steps), keeps the ones this replica won until their instant
 (:mod:`voltro_beat.engine.ready`), then publishes them: per chunk, the publish fence (a
 statement confirming in the store that this replica still holds them), the broker write, and
 the mark (:mod:`voltro_beat.dispatch`). Claiming ahead leaves only that for the instant
@@ -32,7 +32,7 @@ from voltro_beat.engine.guard import Guard
 from voltro_beat.engine.live import POLL, Live
 from voltro_beat.engine.ownership import Ownership
 from voltro_beat.engine.ready import NEVER, Ready
-from voltro_beat.engine.recorder import Recorder, graces
+from voltro_beat.engine.recorder import BATCH, Recorder, graces
 from voltro_beat.engine.singletons import Singletons
 from voltro_beat.engine.timeline import Pending, Timeline
 from voltro_beat.engine.unserved import Unserved
@@ -247,8 +247,9 @@ class Engine:
 
     def _fire_due(self, now: datetime) -> None:
         """Record the occurrences whose claim time has come (their instant minus the lead),
-        as the gate says (:mod:`voltro_beat.engine.gate`)."""
-        due = self.timeline.due(now)
+        as the gate says (:mod:`voltro_beat.engine.gate`): one claim statement's worth a
+        step, the rest in the next steps, a heartbeat between them when one is due."""
+        due = self.timeline.due(now, BATCH, self.membership.rank)
         if not due:
             return
         try:
@@ -262,11 +263,11 @@ class Engine:
                     self.timeline.push(p)
 
     def _record(self, runs: list[Run], now: datetime) -> None:
-        for won in self.recorder.record(runs, now, self.gate.tenure, self.membership.rank):
+        for won in self.recorder.record(runs, now, self.gate.tenure):
             for o in won:
                 self.ready.push(o)
-            # Between two claim statements: what the last one won is fenced and published as
-            # its instant comes (a long claim must not outlast the first leases).
+            # What the claim won is fenced and published as its instant comes, before the
+            # step's upkeep (a claim that ran late must not outlast the first leases).
             self.ready.publish()
 
     def _owe(self, names: Iterable[str], now: datetime, *, taken_over: bool) -> None:

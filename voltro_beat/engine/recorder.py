@@ -25,11 +25,12 @@ from voltro_beat.store.beat import BeatStore
 
 logger = logging.getLogger(__name__)
 
-#: Occurrences per claim statement. What each statement won is handed over before the next
-#: one: a claim of a whole burst that starts late (a cold start with the boundary inside the
-#: claim lead, three replicas on two cores) publishes its first batches before their leases,
-#: counted from their instant, run out; in one statement of 100,000 it took longer than the
-#: lease and all of it went through recovery.
+#: Occurrences per claim statement, and per step of the engine (:meth:`Timeline.due`): what a
+#: statement won is published as its instant comes before the next statement, and the
+#: heartbeat runs between them. In one statement of 100,000 (a cold start with the boundary
+#: inside the claim lead, three replicas on two cores) the claim outlasted the leases,
+#: counted from the instant, and all of it went through recovery; at a million schedules in
+#: cluster coordination a step of every statement of a burst outlasted the shards' leases.
 BATCH = 10_000
 
 

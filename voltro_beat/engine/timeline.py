@@ -9,6 +9,7 @@ then (see :meth:`voltro_beat.engine.Engine.step`).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections.abc import Callable, Collection, Iterator
@@ -70,6 +71,12 @@ class Timeline:
         self._deferred = deferred
         self._heap: list[tuple[datetime, int, Pending]] = []
         self._seq = itertools.count()
+        #: Schedules whose claim time has come, by name, beyond what :meth:`due` handed out
+        #: (a burst larger than one claim statement), and the claim time of the first of them.
+        self._late: list[Pending] = []
+        self._late_since: datetime | None = None
+        #: The last schedule :meth:`due` handed out of them: the next part goes on from there.
+        self._cursor: str | None = None
         #: Each schedule's pending, to drop it in place.
         self._by_name: dict[str, Pending] = {}
 
@@ -79,27 +86,58 @@ class Timeline:
 
     def __iter__(self) -> Iterator[Pending]:
         """Every schedule on the timeline, soonest claim time first."""
-        return iter([pending for _, _, pending in sorted(self._heap) if pending.live])
+        heap = [pending for _, _, pending in sorted(self._heap) if pending.live]
+        return iter([pending for pending in self._late if pending.live] + heap)
 
     @property
     def next(self) -> datetime | None:
         """The soonest claim time."""
         while self._heap and not self._heap[0][2].live:
             heapq.heappop(self._heap)
-        return self._heap[0][0] if self._heap else None
+        soonest = self._heap[0][0] if self._heap else None
+        if self._late_since is not None and (soonest is None or self._late_since < soonest):
+            return self._late_since
+        return soonest
 
     def push(self, pending: Pending) -> None:
         self._by_name[pending.entry.name] = pending
         heapq.heappush(self._heap, (self._claim_time(pending), next(self._seq), pending))
 
-    def due(self, now: datetime) -> list[Pending]:
-        """Take off the timeline the schedules whose claim time has come."""
-        due: list[Pending] = []
+    def due(self, now: datetime, limit: int, start: float = 0.0) -> list[Pending]:
+        """Take off the timeline the schedules whose claim time has come, up to ``limit``
+        occurrences (one claim statement): a step of a larger burst claims part of it and
+        runs again at once, its heartbeat between the statements (at a million schedules
+        in cluster coordination a whole burst's claims outlast the shards' leases). The
+        part is the one at fraction ``start`` of them by name (the replica's rank among the
+        live replicas), so that replicas claiming one burst at once start apart and each
+        wins a share of it, and the next steps go on from there; the rest waits here, due."""
+        late = self._late
+        added = False
         while self._heap and self._heap[0][0] <= now:
-            pending = heapq.heappop(self._heap)[2]
+            claim_time, _, pending = heapq.heappop(self._heap)
             if pending.live:
-                due.append(pending)
-        return due
+                late.append(pending)
+                added = True
+                if self._late_since is None:
+                    self._late_since = claim_time
+        late = [p for p in late if p.live]
+        if sum(len(p.instants) for p in late) <= limit:
+            self._late, self._late_since, self._cursor = [], None, None
+            return late
+        if added:
+            late.sort(key=_name)
+        if self._cursor is None:
+            first = int(start * len(late))
+        else:
+            first = bisect.bisect_right(late, self._cursor, key=_name) % len(late)
+        late = late[first:] + late[:first]
+        n = taken = 0
+        while n < len(late) and (not taken or taken + len(late[n].instants) <= limit):
+            taken += len(late[n].instants)
+            n += 1
+        self._late = sorted(late[n:], key=_name)
+        self._cursor = late[n - 1].entry.name
+        return late[:n]
 
     def end(self, name: str, at: datetime) -> None:
         """Schedule ``name``'s definition changed at ``at``: its instants before then are
@@ -113,8 +151,10 @@ class Timeline:
 
     def requeue(self) -> None:
         """Give every schedule its claim time again (the schedules deferred changed)."""
-        self._heap = [(self._claim_time(p), seq, p) for _, seq, p in self._heap if p.live]
+        late = [(self._claim_time(p), next(self._seq), p) for p in self._late]
+        self._heap = [(self._claim_time(p), seq, p) for _, seq, p in self._heap if p.live] + late
         heapq.heapify(self._heap)
+        self._late, self._late_since, self._cursor = [], None, None
 
     def _claim_time(self, pending: Pending) -> datetime:
         name = pending.entry.name
@@ -125,3 +165,7 @@ class Timeline:
         else:
             lead = self.lead
         return pending.instants[0] - lead
+
+
+def _name(pending: Pending) -> str:
+    return pending.entry.name
