@@ -2,14 +2,14 @@
 and performs what is due, and says when it next needs to run.
 
 Each step sends the occurrences due within the claim lead through the coordination gate (one
-statement; a larger burst in the next steps), keeps the ones this replica won until their instant
-(:mod:`voltro_beat.engine.ready`), then publishes them: per chunk, the publish fence (a
-statement confirming in the store that this replica still holds them), the broker write, and
-the mark (:mod:`voltro_beat.dispatch`). Claiming ahead leaves only that for the instant
-itself, so a burst of ten thousand schedules reaches the broker within a fraction of a second
-of its boundary. Schedules with an overlap policy are claimed at their instant, when their
-predecessor's state is known. "Now" is the clock handed in (the
-database's, :mod:`voltro_beat.clock`). Store errors fail closed: nothing is published, the
+statement; the rest of a larger burst in the next steps), keeps the ones this replica won
+until their instant (:mod:`voltro_beat.engine.ready`), then publishes them: per chunk, the
+publish fence (a statement confirming in the store that this replica still holds them), the
+broker write, and the mark (:mod:`voltro_beat.dispatch`). Claiming ahead leaves only that for
+the instant itself, so a burst of ten thousand schedules reaches the broker within a fraction
+of a second of its boundary. Schedules with an overlap policy are claimed at their instant,
+when their predecessor's state is known. "Now" is the clock handed in (the database's,
+:mod:`voltro_beat.clock`). Store errors fail closed: nothing is published, the
 occurrences stay due and are tried again next step while they are within ``max_lateness``.
 
 The engine reads no clock but its own, and starts no thread, sleeps and holds no signal but
