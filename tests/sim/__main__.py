@@ -4,6 +4,7 @@
     python -m tests.sim --seeds 200 --first 5000   # seeds 5000..5199
     python -m tests.sim --seed 1234                # replay one seed, with its trace
     python -m tests.sim --budget 180               # fresh random seeds for 180 s (CI)
+    python -m tests.sim --seeds 500 --claim-batch 4 # bursts claimed over several steps
 
 Prints a summary (seeds, steps, faults injected by kind, a digest of what the seeds did,
 violations); for each failing seed the violations, a minimal trace (the events of the first
@@ -28,6 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.sim.scenario import Result, simulate
+from voltro_beat.engine import firing, recorder
+
+#: Occurrences per claim statement and step, as the engine has it (``--claim-batch``).
+DEFAULT_BATCH = recorder.BATCH
 
 #: Trace events shown for every failing seed, whatever occurrence they concern.
 FAULT_KINDS = {"killed", "paused", "sigterm", "boots", "exited", "crash", "requeues", "fault"}
@@ -90,7 +95,8 @@ def report(result: Result, *, trace: bool = True) -> str:
     if trace:
         out.append("  trace:")
         out += [f"    {line}" for line in minimal_trace(result)]
-    out.append(f"  replay: .venv/bin/python -m tests.sim --seed {result.seed}")
+    batch = f" --claim-batch {recorder.BATCH}" if recorder.BATCH != DEFAULT_BATCH else ""
+    out.append(f"  replay: .venv/bin/python -m tests.sim --seed {result.seed}{batch}")
     return "\n".join(out)
 
 
@@ -191,7 +197,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--until-failure", action="store_true", help="stop at the first failing seed"
     )
+    parser.add_argument(
+        "--claim-batch",
+        type=int,
+        help="occurrences per claim statement and step (the engine's is 10,000, more than a "
+        "simulated step has): smaller, a burst is claimed over several steps",
+    )
     args = parser.parse_args(argv)
+    if args.claim_batch:
+        firing.BATCH = recorder.BATCH = args.claim_batch
     if not args.log:
         logging.disable(logging.CRITICAL)
     summary = run(args)

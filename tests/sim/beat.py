@@ -132,7 +132,13 @@ class SimReplica:
             while True:
                 started = self.world.t
                 wake = self.engine.step()
-                if self.engine.booted and self.engine.upkeep.health.down_since is None:
+                if (
+                    self.engine.booted
+                    and self.engine.upkeep.health.down_since is None
+                    # A step that claimed one statement's worth and left the rest of what
+                    # is due for the next steps (Timeline.due) is not past them yet.
+                    and not self.engine.timeline._late
+                ):
                     self.steps.append((started, self.world.t))
                     if self.booted_at is None:
                         self.booted_at = self.world.t

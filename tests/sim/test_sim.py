@@ -55,6 +55,20 @@ def test_a_seed_that_found_a_bug(seed: int) -> None:
     assert result.ok, report(result)
 
 
+@pytest.mark.parametrize(("seed", "batch"), [(18, 4), (49, 8), (2, 4), (7, 4), (11, 2)])
+def test_a_seed_whose_bursts_take_several_claim_statements(
+    seed: int, batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--claim-batch``: a step claims at most ``batch`` occurrences, the rest in the next
+    steps. 18 and 49 found steps that left the rest counted as steps past it (the invariant's)."""
+    from voltro_beat.engine import firing, recorder
+
+    monkeypatch.setattr(firing, "BATCH", batch)
+    monkeypatch.setattr(recorder, "BATCH", batch)
+    result = simulate(seed)
+    assert result.ok, report(result)
+
+
 def test_a_seed_replays_step_for_step() -> None:
     def digest() -> str:
         trace = "\n".join(str(event) for event in simulate(REGRESSIONS[0]).trace)
