@@ -33,7 +33,8 @@ from voltro_beat.store.database import Database
 
 logger = logging.getLogger(__name__)
 
-#: The exit status of a beat whose store can never work (sysexits.h's EX_CONFIG).
+#: The exit status of a beat whose configuration is invalid or whose store can never work
+#: (sysexits.h's EX_CONFIG).
 EX_CONFIG = 78
 
 
@@ -188,10 +189,6 @@ class VoltroScheduler(beat.Scheduler):
         self._metrics.close()
 
 
-#: The exit code of a beat whose configuration is invalid (``EX_CONFIG`` of sysexits.h).
-EXIT_CONFIGURATION = 78
-
-
 class Scheduler(VoltroScheduler):
     """The scheduler a ``celery beat`` process builds: ``-S voltro`` (the entry point) or
     ``-S voltro_beat.scheduler:Scheduler``.
@@ -213,7 +210,7 @@ class Scheduler(VoltroScheduler):
                 exc,
             )
             logger.debug("voltro_beat: the configuration error's traceback", exc_info=exc)
-            raise SystemExit(EXIT_CONFIGURATION) from None
+            raise SystemExit(EX_CONFIG) from None
 
     @property
     def info(self) -> str:
