@@ -103,8 +103,9 @@ class SimBroker:
 
         self.process.spawn(requeue, "requeue")
 
-    def pending(self) -> int:
-        return len(self.queue) + sum(len(v) for v in self.unacked.values())
+    def pending(self) -> list[Message]:
+        """The messages still here: queued, or taken by a worker and not acknowledged."""
+        return [*self.queue, *(m for held in self.unacked.values() for m in held)]
 
 
 class SimPublisher:

@@ -425,12 +425,13 @@ def _run(world: World, observer: Observer, path: str) -> Result:
         replicas=replicas,
         changed=frozenset(changed),
         cluster=cluster,
+        in_broker=frozenset(m.key for m in broker.pending()),
     )
     if world.start.minute == 59:
         faults["retention sweep"] += 1
     invariants.check(world, observer, store.url, expect)
     if broker.pending():
-        world.log("check", "note", f"{broker.pending()} messages still in the broker")
+        world.log("check", "note", f"{len(broker.pending())} messages still in the broker")
     return Result(
         seed=world.seed,
         violations=observer.violations,
