@@ -28,8 +28,6 @@ HERE = Path(__file__).resolve().parent
 console = Console(width=max(Console().width, 100))
 #: The filesystem broker has no fanout exchanges: no worker-to-worker chatter.
 WORKER_FLAGS = ("--without-mingle", "--without-gossip", "--without-heartbeat")
-#: Each started process's log file (in the work folder), by its pid.
-LOGS: dict[int, str] = {}
 
 
 def main() -> int:
@@ -54,24 +52,23 @@ def main() -> int:
         DEMO_BROKER_FOLDER=str(broker_folder),
     )
     celery = [sys.executable, "-m", "celery", "-A", "demo_app"]
-    procs: list[subprocess.Popen[bytes]] = []
+    #: Each process started, and its log.
+    procs: dict[subprocess.Popen[bytes], Path] = {}
     try:
-        procs.append(
-            _start(
-                [*celery, "worker", "-P", "prefork", "-c", "2", "-l", "info", *WORKER_FLAGS],
-                env,
-                work / "worker.log",
-            )
+        _start(
+            procs,
+            [*celery, "worker", "-P", "prefork", "-c", "2", "-l", "info", *WORKER_FLAGS],
+            env,
+            work / "worker.log",
         )
         for n in range(1, args.replicas + 1):
             beat_env = dict(env, VOLTRO_BEAT_REPLICA=f"replica-{n}")
             schedule = str(work / f"celerybeat-{n}")
-            procs.append(
-                _start(
-                    [*celery, "beat", "-S", "voltro", "-l", "info", "-s", schedule],
-                    beat_env,
-                    work / f"replica-{n}.log",
-                )
+            _start(
+                procs,
+                [*celery, "beat", "-S", "voltro", "-l", "info", "-s", schedule],
+                beat_env,
+                work / f"replica-{n}.log",
             )
         console.print(
             f"[bold]voltro_beat demo[/]: {args.replicas} beat replicas + 1 worker, "
@@ -81,30 +78,30 @@ def main() -> int:
         # Count the run time from when every replica is up: starting Python and Celery can
         # take seconds on a busy machine.
         logs = [work / f"replica-{n}.log" for n in range(1, args.replicas + 1)]
-        booted = _watch(procs, work, 120, lambda: all("beat: Starting" in _text(f) for f in logs))
-        if not booted or not _watch(procs, work, args.seconds, lambda: False):
+        booted = _watch(procs, 120, lambda: all("beat: Starting" in _text(f) for f in logs))
+        if not booted or not _watch(procs, args.seconds, lambda: False):
             return 1
-        for p in procs[1:]:
+        beats = list(procs)[1:]
+        for p in beats:
             p.send_signal(signal.SIGTERM)
-        _wait(procs[1:])
+        _wait(beats)
         time.sleep(3)  # let the worker finish what the beats sent last
     finally:
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        _wait(procs)
+        _wait(list(procs))
     return _report(store)
 
 
 def _watch(
-    procs: list[subprocess.Popen[bytes]], work: Path, seconds: float, done: Callable[[], bool]
+    procs: dict[subprocess.Popen[bytes], Path], seconds: float, done: Callable[[], bool]
 ) -> bool:
     """Wait ``seconds`` or until ``done()``; False if a process died meanwhile."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not done():
-        for p in procs:
+        for p, log in procs.items():
             if p.poll() is not None:
-                log = work / LOGS[p.pid]
                 console.print(
                     f"[red]a process exited early (code {p.returncode}); its log, {log}:[/]"
                 )
@@ -118,11 +115,12 @@ def _text(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def _start(
+    procs: dict[subprocess.Popen[bytes], Path], cmd: list[str], env: dict[str, str], log: Path
+) -> None:
+    """Start ``cmd`` with its output in ``log``; add it to ``procs``."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    LOGS[proc.pid] = log.name
-    return proc
+        procs[subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)] = log
 
 
 def _wait(procs: list[subprocess.Popen[bytes]]) -> None:

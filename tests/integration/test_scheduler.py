@@ -764,10 +764,9 @@ def test_a_burst_larger_than_a_claim_statement_is_claimed_a_statement_a_tick(
     # what it won as its instant has come, and asks to run again at once, its heartbeat
     # between the statements. In one tick, a claim of 100,000 at three replicas outlasted the
     # first leases; at a million schedules in cluster coordination, the shards' leases.
-    from voltro_beat.engine import firing, recorder
+    from voltro_beat.engine import recorder
 
     monkeypatch.setattr(recorder, "BATCH", 2)
-    monkeypatch.setattr(firing, "BATCH", 2)
     schedule = {f"s{n}": {"task": "proj.work", "schedule": 1.0} for n in range(6)}
     r1 = replicas("r1", schedule=schedule)
     tick(r1, sec(0.5))

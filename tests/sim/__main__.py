@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.sim.scenario import Result, simulate
-from voltro_beat.engine import firing, recorder
+from voltro_beat.engine import recorder
 
 #: Occurrences per claim statement and step, as the engine has it (``--claim-batch``).
 DEFAULT_BATCH = recorder.BATCH
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.claim_batch:
-        firing.BATCH = recorder.BATCH = args.claim_batch
+        recorder.BATCH = args.claim_batch
     if not args.log:
         logging.disable(logging.CRITICAL)
     summary = run(args)

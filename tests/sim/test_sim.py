@@ -63,9 +63,8 @@ def test_a_seed_whose_bursts_take_several_claim_statements(
     steps. 18 and 49 found steps that left the rest counted as steps past it, 801 a message
     still queued at the end behind a slow worker's backlog counted as lost (both the
     invariants')."""
-    from voltro_beat.engine import firing, recorder
+    from voltro_beat.engine import recorder
 
-    monkeypatch.setattr(firing, "BATCH", batch)
     monkeypatch.setattr(recorder, "BATCH", batch)
     result = simulate(seed)
     assert result.ok, report(result)

@@ -32,7 +32,7 @@ from voltro_beat.engine.guard import Guard
 from voltro_beat.engine.live import POLL, Live
 from voltro_beat.engine.ownership import Ownership
 from voltro_beat.engine.ready import NEVER, Ready
-from voltro_beat.engine.recorder import BATCH, Recorder, graces
+from voltro_beat.engine.recorder import Recorder, graces
 from voltro_beat.engine.singletons import Singletons
 from voltro_beat.engine.timeline import Pending, Timeline
 from voltro_beat.engine.unserved import Unserved
@@ -249,7 +249,7 @@ class Engine:
         """Record the occurrences whose claim time has come (their instant minus the lead),
         as the gate says (:mod:`voltro_beat.engine.gate`): one claim statement's worth a
         step, the rest in the next steps, a heartbeat between them when one is due."""
-        due = self.timeline.due(now, BATCH, self.membership.rank)
+        due = self.timeline.due(now, self.recorder.batch, self.membership.rank)
         if not due:
             return
         try:

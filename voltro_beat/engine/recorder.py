@@ -75,6 +75,11 @@ class Recorder:
         #: Catch-ups owed (:meth:`owe`), oldest first, kept until recorded.
         self._owed: collections.deque[_Owed] = collections.deque()
 
+    @property
+    def batch(self) -> int:
+        """Occurrences per claim statement (:data:`BATCH`)."""
+        return BATCH
+
     def record(
         self, runs: list[Run], now: datetime, tenure: Tenure | None = None, start: float = 0.0
     ) -> Iterator[list[Occurrence]]:
