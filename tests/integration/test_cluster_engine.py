@@ -167,3 +167,34 @@ def test_a_group_with_no_live_replica_gets_missed_rows_after_its_lateness(
     assert later["theirs@2026-01-01T10:00:35"] == ("published", None)
     assert sorted(later) == [f"theirs@2026-01-01T10:00:{n:02}" for n in range(35, 60, 5)]
     assert later["theirs@2026-01-01T10:00:55"][0] in {"claimed", "published"}
+
+
+def test_a_replica_s_timeline_holds_the_schedules_of_its_shards_alone(
+    replicas: Any, store_url: str
+) -> None:
+    """Each replica's timeline holds its own shards' schedules, none of the others': at a
+    million schedules and three replicas, each stepped past 667,000 others' occurrences a
+    lease after every boundary, and its steps outlasted the shards' leases. A shard taken
+    over joins the timeline of the replica that took it."""
+    schedule = {f"s{n:02d}": {"task": "proj.work", "schedule": 1.0} for n in range(20)}
+    settings = {"voltro_beat_coordination": "cluster", "voltro_beat_shards": 4}
+    a = replicas("a", schedule=schedule, **settings)
+    b = replicas("b", schedule=schedule, **settings)
+    for t in (0.2, 0.3, 1.2, 1.3, 2.2, 2.3):  # both boot, then the shards settle
+        tick(a if int(t * 10) % 2 == 0 else b, sec(t))
+    on: dict[str, set[str]] = {}
+    for name, r in (("a", a), ("b", b)):
+        ownership = r._engine.gate.ownership
+        on[name] = {p.entry.name for p in r._engine.timeline}
+        assert on[name] == {n for n in schedule if ownership.holds(n)}
+    assert on["a"] and on["b"] and not on["a"] & on["b"]
+    assert on["a"] | on["b"] == set(schedule)
+    a.close()  # releases its shards: b takes them at its next heartbeat
+    for n in range(24, 80):
+        tick(b, sec(n / 10))
+    assert {p.entry.name for p in b._engine.timeline} == set(schedule)
+    found = rows(store_url)
+    at = "2026-01-01T10:00:07"
+    assert {(f"s{n:02d}", found[f"s{n:02d}@{at}"].replica) for n in range(20)} == {
+        (name, "b") for name in schedule
+    }

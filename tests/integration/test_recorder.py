@@ -1,4 +1,5 @@
-"""The recorder on a real store: replicas that claim one burst at once share it."""
+"""The recorder on a real store: a catch-up goes a statement a step, and replicas that owe
+one at once share it."""
 
 from __future__ import annotations
 
@@ -12,49 +13,85 @@ from voltro_beat.engine import recorder
 from voltro_beat.engine.guard import Guard
 from voltro_beat.engine.recorder import Recorder, graces, run_of
 from voltro_beat.metrics import Metrics
+from voltro_beat.occurrences import occurrence_key
 from voltro_beat.schedules import parse_entries
 from voltro_beat.store.beat import BeatStore
 
 AT = datetime(2026, 1, 1, 10, 0, tzinfo=UTC)
 
 
-def test_replicas_claiming_one_burst_at_once_each_win_a_share(
-    stores: Callable[..., BeatStore], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Two replicas claim the same burst of four statements, a statement each in turn. From
-    # one start, the first replica's statements won every batch and the second's found its
-    # rows: the whole burst was one replica's to publish within the leases (at 100,000
-    # schedules and three replicas on two cores, 30,000 of it went through recovery).
-    monkeypatch.setattr(recorder, "BATCH", 10)
-    entries = {
-        e.name: e
-        for e in parse_entries(
-            {f"s{n:02d}": {"task": "t", "schedule": 60.0} for n in range(40)},
-            tz="UTC",
-            max_lateness=timedelta(hours=1),
-        )
-    }
-    now = AT - timedelta(seconds=5)
-    runs = [run_of(e, AT, now, None) for e in entries.values()]
+ENTRIES = {
+    e.name: e
+    for e in parse_entries(
+        {f"s{n:02d}": {"task": "t", "schedule": 60.0} for n in range(40)},
+        tz="UTC",
+        max_lateness=timedelta(hours=1),
+    )
+}
 
-    def replica(name: str) -> Recorder:
+
+@pytest.fixture
+def replica(
+    stores: Callable[..., BeatStore], monkeypatch: pytest.MonkeyPatch
+) -> Callable[[str], Recorder]:
+    """``replica(name)``: a recorder of ENTRIES as that replica, 10 runs a claim statement,
+    each schedule's occurrence a minute before AT recorded already (its last before a
+    downtime)."""
+    monkeypatch.setattr(recorder, "BATCH", 10)
+
+    def make(name: str) -> Recorder:
         store = stores(name)
         metrics = Metrics()
         return Recorder(
             store,
-            entries,
-            Guard(store, entries, {}, metrics),
+            ENTRIES,
+            Guard(store, ENTRIES, {}, metrics),
             Coordination.ADVISORY_LOCK,
             timedelta(seconds=10),
-            graces(entries.values()),
+            graces(ENTRIES.values()),
             metrics,
         )
 
-    first = replica("r1").record(runs, now, start=0.0)
-    second = replica("r2").record(runs, now, start=0.5)
-    won: dict[str, list[str]] = {"r1": [], "r2": []}
+    before = AT - timedelta(minutes=1)
+    earlier = make("r0")
+    for part in range(0, 40, 10):
+        runs = [run_of(e, before, before, None) for e in list(ENTRIES.values())[part : part + 10]]
+        list(earlier.record(runs, before))
+    return make
+
+
+def test_a_catch_up_larger_than_a_claim_statement_is_recorded_a_statement_a_step(
+    replica: Callable[[str], Recorder],
+) -> None:
+    # A replica taking a third of a million schedules' shards over recorded their catch-up in
+    # one step, every statement of it, and outlasted the shards' leases: the shards moved on.
+    r1 = replica("r1")
+    now = AT + timedelta(seconds=1)
+    r1.owe(list(ENTRIES.values()), now, {}, None, {})
+    won: list[str] = []
     for _ in range(4):
-        won["r1"] += [o.key for o in next(first)]
-        won["r2"] += [o.key for o in next(second)]
-    assert sorted(o.split("@")[0] for o in won["r1"]) == [f"s{n:02d}" for n in range(20)]
-    assert sorted(o.split("@")[0] for o in won["r2"]) == [f"s{n:02d}" for n in range(20, 40)]
+        assert r1.owing
+        step = r1.settle(now, None)
+        assert len(step) == 10
+        won += [o.key for o in step]
+    assert not r1.owing
+    assert r1.settle(now, None) == []
+    assert sorted(won) == [occurrence_key(f"s{n:02d}", AT) for n in range(40)]
+
+
+def test_replicas_catching_up_at_once_each_win_a_share(
+    replica: Callable[[str], Recorder],
+) -> None:
+    # Two replicas boot at once and owe the same catch-up, a statement each in turn. From one
+    # start, the first replica's statements won every one and the second's found its rows:
+    # all of it was one replica's to publish within the leases.
+    now = AT + timedelta(seconds=1)
+    won: dict[str, list[str]] = {"r1": [], "r2": []}
+    r1, r2 = replica("r1"), replica("r2")
+    for r in (r1, r2):
+        r.owe(list(ENTRIES.values()), now, {}, None, {})
+    while r1.owing or r2.owing:
+        won["r1"] += [o.key.split("@")[0] for o in r1.settle(now, None, start=0.0)]
+        won["r2"] += [o.key.split("@")[0] for o in r2.settle(now, None, start=0.5)]
+    assert sorted(won["r1"]) == [f"s{n:02d}" for n in range(20)]
+    assert sorted(won["r2"]) == [f"s{n:02d}" for n in range(20, 40)]

@@ -790,6 +790,49 @@ def test_a_burst_larger_than_a_claim_statement_is_claimed_a_statement_a_tick(
     ]
 
 
+def test_a_catch_up_larger_than_a_claim_statement_is_recorded_a_statement_a_tick(
+    replicas: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A catch-up goes a claim statement a tick, as a burst does. In one tick, a replica
+    # taking a third of a million schedules' shards over (in cluster coordination) recorded
+    # every statement of their catch-up and outlasted the shards' leases: they moved on.
+    from voltro_beat.engine import recorder
+
+    schedule = {f"s{n}": {"task": "proj.work", "schedule": 5.0} for n in range(6)}
+    first = replicas("r1", schedule=schedule)
+    tick(first, sec(0))
+    tick(first, sec(5))
+    first.close()
+    drain(first.app)
+    monkeypatch.setattr(recorder, "BATCH", 2)
+    second = replicas("r2", schedule=schedule)
+    claims: list[int] = []
+    claim = second._store.claim
+
+    def traced(runs: Any, **kw: Any) -> Any:
+        claims.append(len(runs))
+        return claim(runs, **kw)
+
+    monkeypatch.setattr(second._store, "claim", traced)
+    # Down from 5 s to 22 s: 10, 15 and 20 of each of six schedules, 18 runs; 15 and 20, less
+    # than a lease (10 s) old, are published as a live replica would.
+    waits = []
+    for n in range(9):
+        waits.append(tick(second, sec(22)))
+        assert claims == [2] * (n + 1)
+    assert waits[:8] == [0] * 8 and waits[8] > 0
+    fates = {k: r.status for k, r in rows(store_url).items()}
+    for n in range(6):
+        assert [fates[f"s{n}@2026-01-01T10:00:{at:02}"] for at in (10, 15, 20)] == [
+            "missed",
+            "published",
+            "published",
+        ]
+    assert sorted(h["voltro_occurrence"] for h in drain(second.app)) == [
+        f"s{n}@2026-01-01T10:00:{at}" for n in range(6) for at in (15, 20)
+    ]
+
+
 def test_message_templates_are_built_a_slice_at_a_time(
     replicas: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -135,9 +135,9 @@ class SimReplica:
                 if (
                     self.engine.booted
                     and self.engine.upkeep.health.down_since is None
-                    # A step that claimed one statement's worth and left the rest of what
-                    # is due for the next steps (Timeline.due) is not past them yet.
-                    and not self.engine.timeline._late
+                    # A step that recorded one statement's worth and left the rest of what
+                    # is due (or of a catch-up owed) for the next steps is not past them yet.
+                    and not self.engine.behind
                 ):
                     self.steps.append((started, self.world.t))
                     if self.booted_at is None:

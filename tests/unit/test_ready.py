@@ -49,7 +49,7 @@ class Dispatcher:
 def ready(fence_takes: float) -> tuple[Ready, Dispatcher, Clock]:
     clock = Clock(T0 - timedelta(seconds=1))
     dispatch = Dispatcher(clock, timedelta(seconds=fence_takes))
-    timeline = Timeline(LEASE, (), lambda name: False)
+    timeline = Timeline(LEASE, (), lambda name: False, lambda name: True)
     timeline.lead_for(10_000)  # a claim lead of 3.25 s: fenced 1.625 s ahead
     queue = Ready(dispatch, clock, timeline, LEASE)  # type: ignore[arg-type]
     for name in "abcd":

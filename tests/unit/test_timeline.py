@@ -20,7 +20,7 @@ ENTRIES = parse_entries(
 
 
 def burst() -> Timeline:
-    timeline = Timeline(timedelta(seconds=10), (), lambda name: False)
+    timeline = Timeline(timedelta(seconds=10), (), lambda name: False, lambda name: True)
     for entry in reversed(ENTRIES):
         timeline.push(Pending(entry, [T0]))
     return timeline
@@ -51,7 +51,7 @@ def test_what_is_left_of_a_burst_gets_its_claim_time_again_when_the_schedules_de
     None
 ):
     deferred: set[str] = set()
-    timeline = Timeline(timedelta(seconds=10), (), lambda name: name in deferred)
+    timeline = Timeline(timedelta(seconds=10), (), lambda name: name in deferred, lambda n: True)
     for entry in ENTRIES:
         timeline.push(Pending(entry, [T0]))
     timeline.due(T0, 10)
@@ -59,6 +59,24 @@ def test_what_is_left_of_a_burst_gets_its_claim_time_again_when_the_schedules_de
     timeline.requeue()
     assert names(timeline.due(T0, 100)) == [f"s{n:02d}" for n in range(10, 20)]
     assert timeline.next == T0 + timedelta(seconds=10)  # a lease after their instant
+
+
+def test_the_timeline_holds_the_schedules_of_the_shards_held_alone() -> None:
+    # In cluster coordination the others' schedules are not stepped past: at a million
+    # schedules and three replicas, each replica popped and advanced 667,000 of them a lease
+    # after every boundary, and its steps outlasted the shards' leases.
+    held = {f"s{n:02d}" for n in range(20)}
+    timeline = Timeline(timedelta(seconds=10), (), lambda name: False, held.__contains__)
+    for entry in ENTRIES:
+        timeline.push(Pending(entry, [T0]))
+    assert sorted(p.entry.name for p in timeline) == sorted(held)
+    assert "s20" not in timeline
+    timeline.due(T0, 5)
+    held.difference_update(f"s{n:02d}" for n in range(10))  # a shard moved away
+    timeline.requeue()
+    assert "s05" not in timeline
+    assert sorted(names(timeline.due(T0, 100))) == [f"s{n:02d}" for n in range(10, 20)]
+    assert timeline.next is None
 
 
 @given(

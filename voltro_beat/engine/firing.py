@@ -118,7 +118,9 @@ class Engine:
         cluster = settings.coordination is Coordination.CLUSTER
         self.ownership = Ownership(store, settings, entries, self.metrics) if cluster else None
         self.gate = Gate(membership, self.ownership, singletons)
-        self.timeline = Timeline(self.lease, self.overlap.keys(), self.gate.deferred)
+        self.timeline = Timeline(
+            self.lease, self.overlap.keys(), self.gate.deferred, self.gate.holds
+        )
         self.live = Live(
             store.database,
             settings,
@@ -191,7 +193,9 @@ class Engine:
             changed, gained = self.gate.beat()
             if changed:
                 self.timeline.requeue()
-            self._owe(gained, clock.now(), taken_over=True)
+            now = clock.now()
+            self._owe(gained, now, taken_over=True)
+            self._start(gained, now)
             self.unserved.record(self.membership.live, clock.now())
             self.upkeep.health.touch()
             self._next_heartbeat = clock.now() + self.membership.interval
@@ -210,7 +214,7 @@ class Engine:
 
     def _boot(self) -> None:
         """Upgrade the schema, join the registry (a first reading of the database's clock),
-        record catch-up per entry, and fill the timeline."""
+        owe the catch-up, and fill the timeline."""
         if self.settings.migrate:
             self.store.database.upgrade()
         self._follow_table(boot=True)
@@ -224,15 +228,23 @@ class Engine:
             self._owe(self.entries if taken is None else taken, self._started, taken_over=False)
         elif taken:
             self._owe(taken, self.clock.now(), taken_over=False)
-        self._catch_up()
-        for entry in self.entries.values():
-            if entry.trigger != "beat" or entry.name in self.live.silent:
-                continue
-            first = next_after(entry.spec, self._started)
-            if first is not None:
-                self.timeline.push(Pending(entry, [first]))
+        # The catch-up owed is recorded by the steps, a statement each, starting with this one.
+        self._start(self.entries, self._started)
         self.booted = True
         self.upkeep.prepare(self.timeline)
+
+    def _start(self, names: Iterable[str], since: datetime) -> None:
+        """Put schedules ``names`` on the timeline from their first occurrence after
+        ``since`` (a catch-up owed covers what fell until then): at boot, and in ``cluster``
+        coordination as their shard is taken over (the timeline keeps the schedules of this
+        replica's shards alone)."""
+        for name in names:
+            entry = self.entries[name]
+            if entry.trigger != "beat" or name in self.live.silent or name in self.timeline:
+                continue
+            first = next_after(entry.spec, since)
+            if first is not None:
+                self.timeline.push(Pending(entry, [first]))
 
     def _follow_table(self, *, boot: bool) -> None:
         """Apply what changed in the schedules table (:mod:`voltro_beat.engine.live`)."""
@@ -292,13 +304,22 @@ class Engine:
         )
 
     def _catch_up(self) -> None:
+        """Record a statement's worth of the catch-ups owed (the rest in the next steps)."""
         for o in self.recorder.settle(self.clock.now(), self.gate.tenure, self.membership.rank):
             self.ready.push(o)
+
+    @property
+    def behind(self) -> bool:
+        """Whether part of what is due now is left for the next steps (a statement a step)."""
+        return self.recorder.owing or self.timeline.behind
 
     # -- timing ---------------------------------------------------------------------------
 
     def _next_due(self) -> datetime:
-        """The next claim time or instant to publish, whichever comes first."""
+        """The next claim time or instant to publish, whichever comes first: now while a
+        catch-up is owed still."""
+        if self.recorder.owing:
+            return self.clock.now()
         return min(self.timeline.next or NEVER, self.ready.next_publish())
 
     def _room(self) -> bool:

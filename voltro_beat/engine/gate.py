@@ -11,10 +11,11 @@ occurrence (guarantees 2 and 14).
   the gate if the registry still counts it live: it would have claimed them long before, so
   it died or hangs, and this replica's older definition is not the one to send. If it did
   claim them, the gate finds their rows and records nothing;
-- in ``cluster``, a schedule of a shard another replica owns. Its occurrences come up a lease
-  after their instant too, and are recorded if the shard moved here meanwhile; otherwise they
-  are its owner's (it fired them, or whoever takes the shard next catches up on them). The
-  shards and the singletons on them follow the registry at every heartbeat
+- in ``cluster``, a schedule of a shard another replica owns: it is not on this replica's
+  timeline at all. Its occurrences are its owner's (it fires them, or whoever takes the shard
+  next catches up on them); when its shard comes here, this replica catches up on it and puts
+  it on its timeline from then on. The shards and the singletons on them follow the registry
+  at every heartbeat
   (:mod:`~voltro_beat.engine.ownership`, :mod:`~voltro_beat.engine.singletons`).
 """
 
@@ -61,21 +62,23 @@ class Gate:
         return {} if self.ownership is None else self.ownership.released
 
     def deferred(self, name: str) -> bool:
-        """Whether schedule ``name`` is another replica's to fire, as far as this one knows."""
-        if self.ownership is not None:
-            return not self.ownership.holds(name)
+        """Whether schedule ``name`` is yielded to a newer replica, as far as this one knows."""
         return name in self.membership.yielded
+
+    def holds(self, name: str) -> bool:
+        """Whether schedule ``name`` is this replica's to fire at all: in ``cluster``
+        coordination, whether it owns its shard; otherwise always."""
+        return self.ownership is None or self.ownership.holds(name)
 
     def runs(self, due: Sequence[Pending], now: datetime, down: datetime | None) -> list[Run]:
         """The runs to record of the ``due`` occurrences (the store down since ``down``)."""
         yielded = self.membership.yielded
-        owned = self.ownership
         return [
             run_of(p.entry, at, now, down)
             if p.entry.name not in yielded
             else Run(Occurrence.of(p.entry.name, at), p.entry.task, Status.MISSED, Reason.YIELDED)
             for p in due
-            if owned is None or owned.holds(p.entry.name)
+            if self.holds(p.entry.name)
             for at in p.instants
         ]
 

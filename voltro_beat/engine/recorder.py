@@ -9,7 +9,7 @@ import collections
 import dataclasses
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from voltro_beat import catchup, logs
@@ -81,26 +81,18 @@ class Recorder:
         return BATCH
 
     def record(
-        self, runs: list[Run], now: datetime, tenure: Tenure | None = None, start: float = 0.0
+        self, runs: list[Run], now: datetime, tenure: Tenure | None = None
     ) -> Iterator[list[Occurrence]]:
         """Send ``runs`` through the gate (as the shard owner ``tenure`` says, in ``cluster``
-        coordination), :data:`BATCH` at a time, from the batch at fraction ``start`` of them
-        round to the one before it; yield the occurrences each batch won to publish, as it
-        commits.
-
-        Replicas that claim one burst at once start at their own ``start`` (their rank among
-        the live replicas, :attr:`Membership.rank`), so that each wins a share of it. From one
-        start, the first replica's statement would win every batch and the others' wait on its
-        rows and win none: the whole burst is then one replica's to publish within the
-        leases, which at 100,000 occurrences on a loaded host it did not do (the rest went
-        through recovery, 20 s late)."""
+        coordination), a statement of :data:`BATCH` at a time (the engine hands it one
+        statement's worth a step); yield the occurrences each statement won to publish, as it
+        commits."""
         # Sorted by key, every replica locks the keys of a statement in the same order: no
         # deadlock between claim statements (each is a transaction of its own).
         runs = sorted(self._guard.apply(_revised(runs, self._entries), now), key=_key)
-        batches = [runs[i : i + BATCH] for i in range(0, len(runs), BATCH)]
-        first = int(start * len(batches))
         recorded: dict[tuple[str, str, str | None], list[datetime]] = collections.defaultdict(list)
-        for batch in batches[first:] + batches[:first]:
+        for i in range(0, len(runs), BATCH):
+            batch = runs[i : i + BATCH]
             with self._metrics.claim_statement():
                 won = self._store.claim(
                     batch,
@@ -154,24 +146,45 @@ class Recorder:
         """Owe a catch-up of ``entries`` as things stand ``now`` (:meth:`catch_up`'s
         arguments): :meth:`settle` records it."""
         if entries:
-            self._owed.append(_Owed(entries, now, live_since, since, live_until))
+            ordered = sorted(entries, key=lambda e: e.name)
+            self._owed.append(_Owed(ordered, now, live_since, since, live_until))
 
-    def settle(
-        self, now: datetime, tenure: Tenure | None, start: float = 0.0
-    ) -> Iterator[Occurrence]:
-        """Record the catch-ups owed, oldest first (each as :meth:`record`, from ``start``),
-        yielding the occurrences won. One that meets a store error stays owed and is tried
-        again, as it stood when owed (the shard is no longer "just taken" by then)."""
+    @property
+    def owing(self) -> bool:
+        """Whether a catch-up is owed still (:meth:`settle` records it a statement a step)."""
+        return bool(self._owed)
+
+    def settle(self, now: datetime, tenure: Tenure | None, start: float = 0.0) -> list[Occurrence]:
+        """Record the next statement's worth of the catch-ups owed, oldest first; return the
+        occurrences won. The engine settles a statement a step, the heartbeat (and in
+        ``cluster`` coordination the shards' leases) renewed between them: a replica taking
+        a third of a million schedules' shards over does not outlast their leases doing it.
+
+        A catch-up starts at fraction ``start`` of its schedules by name (the replica's rank
+        among the live replicas), so that replicas that boot at once each win a share of it,
+        and goes round from there. Its runs are planned a statement's worth at a time. One
+        that meets a store error stays owed and is tried again, as it stood when owed (the
+        shard is no longer "just taken" by then)."""
         while self._owed:
             c = self._owed[0]
-            for won in self.record(
-                self.catch_up(c.entries, c.now, c.live_since, c.since, c.live_until),
-                now,
-                tenure,
-                start,
-            ):
-                yield from won
-            self._owed.popleft()
+            if not c.begun:
+                first = int(start * len(c.entries))
+                c.entries = c.entries[first:] + c.entries[:first]
+                c.begun = True
+            while len(c.runs) < BATCH and c.entries:
+                c.runs += self.catch_up(
+                    c.entries[:BATCH], c.now, c.live_since, c.since, c.live_until
+                )
+                del c.entries[:BATCH]
+            if not c.runs:
+                self._owed.popleft()
+                continue
+            won = [o for part in self.record(c.runs[:BATCH], now, tenure) for o in part]
+            del c.runs[:BATCH]
+            if not c.runs and not c.entries:
+                self._owed.popleft()
+            return won
+        return []
 
     def catch_up(
         self,
@@ -281,13 +294,17 @@ def graces(entries: Iterable[Entry]) -> dict[str, timedelta]:
     return found
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Owed:
-    """A catch-up owed: of ``entries``, as of ``now``, with what the registry and the shards
-    said then (:meth:`Recorder.owe`)."""
+    """A catch-up owed: of ``entries`` (by name), as of ``now``, with what the registry and
+    the shards said then (:meth:`Recorder.owe`); then, as :meth:`Recorder.settle` goes, the
+    schedules not planned yet and the runs planned and not recorded yet."""
 
     entries: list[Entry]
     now: datetime
     live_since: Mapping[str, datetime]
     since: Mapping[str, datetime] | None
     live_until: Mapping[str, datetime]
+    runs: list[Run] = field(default_factory=list)
+    #: Whether :meth:`Recorder.settle` began it (from its ``start``).
+    begun: bool = False

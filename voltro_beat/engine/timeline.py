@@ -1,10 +1,14 @@
-"""The timeline: every schedule by the time its next occurrences are to be claimed.
+"""The timeline: every schedule this replica fires by the time its next occurrences are to be
+claimed.
 
 An occurrence is claimed a lead ahead of its instant (so that a burst is in the store before
 its boundary), a schedule with an overlap policy at its instant (when its predecessor's state
-is known), and a schedule another replica fires (yielded to a newer replica's definition, or
-in a shard another replica owns) a lease after its instant, in case that replica is gone by
-then (see :meth:`voltro_beat.engine.Engine.step`).
+is known), and a schedule yielded to a newer replica's definition a lease after its instant,
+in case that replica is gone by then (see :meth:`voltro_beat.engine.Engine.step`). In
+``cluster`` coordination the timeline holds the schedules of the shards this replica owns
+alone: the others' are their owners' to fire, and whoever takes a shard over catches up on
+it and puts its schedules on its own timeline (at a million schedules, stepping past the
+others' occurrences cost each replica more than its own).
 """
 
 from __future__ import annotations
@@ -60,15 +64,21 @@ class Timeline:
     """Schedules by claim time, soonest first."""
 
     def __init__(
-        self, lease: timedelta, guarded: Collection[str], deferred: Callable[[str], bool]
+        self,
+        lease: timedelta,
+        guarded: Collection[str],
+        deferred: Callable[[str], bool],
+        held: Callable[[str], bool],
     ) -> None:
         #: How far ahead of its instant an occurrence is claimed (:meth:`lead_for`).
         self.lead = LEAD_MIN
         self._lease = lease
         #: Schedules with an overlap policy: claimed at their instant.
         self._guarded = guarded
-        #: Whether a schedule is another replica's to fire, as far as this one knows now.
+        #: Whether a schedule is yielded to another replica, as far as this one knows now.
         self._deferred = deferred
+        #: Whether a schedule is this replica's at all (``cluster``: its shard is held here).
+        self._held = held
         self._heap: list[tuple[datetime, int, Pending]] = []
         self._seq = itertools.count()
         #: Schedules whose claim time has come, by name, beyond what :meth:`due` handed out
@@ -99,7 +109,18 @@ class Timeline:
             return self._late_since
         return soonest
 
+    @property
+    def behind(self) -> bool:
+        """Whether schedules due are left for the next steps (:meth:`due`)."""
+        return bool(self._late)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
     def push(self, pending: Pending) -> None:
+        """Put ``pending`` on the timeline, unless its schedule is not this replica's."""
+        if not self._held(pending.entry.name):
+            return
         self._by_name[pending.entry.name] = pending
         heapq.heappush(self._heap, (self._claim_time(pending), next(self._seq), pending))
 
@@ -150,10 +171,19 @@ class Timeline:
             pending.live = bool(pending.instants)
 
     def requeue(self) -> None:
-        """Give every schedule its claim time again (the schedules deferred changed)."""
-        late = [(self._claim_time(p), next(self._seq), p) for p in self._late]
-        self._heap = [(self._claim_time(p), seq, p) for _, seq, p in self._heap if p.live] + late
-        heapq.heapify(self._heap)
+        """Give every schedule its claim time again, and drop those no longer this
+        replica's (the schedules deferred, or the shards held, changed)."""
+        kept = []
+        for p in [p for _, _, p in self._heap] + self._late:
+            if not p.live:
+                continue
+            name = p.entry.name
+            if self._held(name):
+                kept.append((self._claim_time(p), next(self._seq), p))
+            elif self._by_name.get(name) is p:
+                del self._by_name[name]
+        heapq.heapify(kept)
+        self._heap = kept
         self._late, self._late_since, self._cursor = [], None, None
 
     def _claim_time(self, pending: Pending) -> datetime:
