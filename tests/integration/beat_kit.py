@@ -47,10 +47,10 @@ def fail_once(monkeypatch: pytest.MonkeyPatch, target: Any, method: str) -> list
     return failed
 
 
-def recover(scheduler: VoltroScheduler, at: datetime) -> None:
-    """One recovery sweep of ``scheduler`` at ``at``."""
+def recover(scheduler: VoltroScheduler, at: datetime) -> bool:
+    """A recovery sweep's slice of ``scheduler`` at ``at``; whether the sweep goes on."""
     scheduler._store.database.clock = lambda: at
-    scheduler._engine.upkeep.recover()
+    return scheduler._engine.upkeep.recover()
 
 
 def drain(app: Celery) -> list[dict[str, Any]]:

@@ -195,7 +195,7 @@ class Engine:
                 self.timeline.requeue()
             now = clock.now()
             self._owe(gained, now, taken_over=True)
-            self._start(gained, now)
+            self.upkeep.prepare(self._start(gained, now))
             self.unserved.record(self.membership.live, clock.now())
             self.upkeep.health.touch()
             self._next_heartbeat = clock.now() + self.membership.interval
@@ -229,22 +229,34 @@ class Engine:
         elif taken:
             self._owe(taken, self.clock.now(), taken_over=False)
         # The catch-up owed is recorded by the steps, a statement each, starting with this one.
-        self._start(self.entries, self._started)
+        self.upkeep.prepare(self._start(self.entries, self._started))
         self.booted = True
-        self.upkeep.prepare(self.timeline)
 
-    def _start(self, names: Iterable[str], since: datetime) -> None:
+    def _start(self, names: Iterable[str], since: datetime) -> list[Pending]:
         """Put schedules ``names`` on the timeline from their first occurrence after
         ``since`` (a catch-up owed covers what fell until then): at boot, and in ``cluster``
         coordination as their shard is taken over (the timeline keeps the schedules of this
-        replica's shards alone)."""
+        replica's shards alone). Returns what it put there, soonest first."""
+        started = []
+        firsts: dict[int, datetime | None] = {}  # schedules of one expression share their spec
         for name in names:
             entry = self.entries[name]
-            if entry.trigger != "beat" or name in self.live.silent or name in self.timeline:
+            if (
+                entry.trigger != "beat"
+                or name in self.live.silent
+                or name in self.timeline
+                or not self.gate.holds(name)
+            ):
                 continue
-            first = next_after(entry.spec, since)
+            key = id(entry.spec)
+            if key not in firsts:
+                firsts[key] = next_after(entry.spec, since)
+            first = firsts[key]
             if first is not None:
-                self.timeline.push(Pending(entry, [first]))
+                pending = Pending(entry, [first])
+                self.timeline.push(pending)
+                started.append(pending)
+        return sorted(started, key=lambda p: p.instants[0])
 
     def _follow_table(self, *, boot: bool) -> None:
         """Apply what changed in the schedules table (:mod:`voltro_beat.engine.live`)."""
@@ -266,8 +278,9 @@ class Engine:
             return
         try:
             self._record(self.gate.runs(due, now, self.upkeep.health.down_since), now)
+            nexts: dict[tuple[int, datetime], datetime | None] = {}
             for p in due:
-                p.advance(now)
+                p.advance(now, nexts)
         finally:
             # On a store error the occurrences stay due and are tried again next step.
             for p in due:

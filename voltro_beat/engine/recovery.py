@@ -20,16 +20,24 @@ from voltro_beat.store.beat import BeatStore
 logger = logging.getLogger(__name__)
 
 
+#: The longest a step spends on a recovery sweep, chunk after chunk (seconds, at most half a
+#: lease): the rest of the sweep is the next step's, which comes at once. Half a lease (5 s)
+#: a step, a backlog of a third of a million runs held a replica's steps past its shards'
+#: leases, so they moved, and their runs came back to recovery.
+SLICE = 1.0
+
+
 def recover(
     store: BeatStore,
     dispatcher: Dispatcher,
     membership: Membership,
     schedules: Collection[str],
     metrics: Metrics,
-) -> None:
-    """One recovery sweep of ``schedules`` (this replica's, less those yielded to a newer
-    definition): a chunk at a time, each leased when taken; chunks follow one another for at
-    most half a lease (on the dispatcher's clock), or until the broker fails."""
+) -> bool:
+    """Part of a recovery sweep of ``schedules`` (this replica's, less those yielded to a
+    newer definition): a chunk at a time, each leased when taken; chunks follow one another
+    until :data:`SLICE` has passed (on the dispatcher's clock), or the broker fails. Returns
+    whether the sweep goes on (its time ran out with runs left to take)."""
     lease = dispatcher.lease
     settled = store.settle_abandoned(after=lease)
     if settled:
@@ -40,10 +48,12 @@ def recover(
             extra=logs.fields(count=settled),
         )
     if not store.any_lapsed():
-        return
+        return False
     monotonic = dispatcher.clock.monotonic
     started = monotonic()
-    while monotonic() - started < lease.total_seconds() / 2:
+    budget = min(SLICE, lease.total_seconds() / 2)
+    mine = [s for s in schedules if s not in membership.yielded]
+    while True:
         expired = store.expire(known=membership.known, limit=dispatcher.chunk)
         metrics.missed(expired)
         for reason in sorted({r.reason or "" for r in expired}):
@@ -55,7 +65,7 @@ def recover(
                 extra=logs.fields(count=count, status=Status.MISSED, reason=reason),
             )
         taken = store.take_over(
-            schedules=[s for s in schedules if s not in membership.yielded],
+            schedules=mine,
             hold=lease,
             limit=dispatcher.chunk,
         )
@@ -67,6 +77,8 @@ def recover(
             )
             metrics.republished(taken)
             if not dispatcher.send(taken):
-                return
+                return False
         if len(expired) < dispatcher.chunk and len(taken) < dispatcher.chunk:
-            return
+            return False
+        if monotonic() - started >= budget:
+            return True

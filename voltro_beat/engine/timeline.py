@@ -45,13 +45,24 @@ class Pending:
     #: False once no instant of it is left: skipped.
     live: bool = True
 
-    def advance(self, now: datetime) -> None:
-        """Move past the occurrences just recorded: on to those due by ``now``, or the next."""
+    def advance(self, now: datetime, nexts: dict[tuple[int, datetime], datetime | None]) -> None:
+        """Move past the occurrences just recorded: on to those due by ``now``, or the next.
+        ``nexts`` keeps the instants found, per spec and instant, for the other schedules of
+        a burst (those of one expression share their spec: a burst of a million schedules
+        of one expression finds its next instant once)."""
+        spec = self.entry.spec
+
+        def after(at: datetime) -> datetime | None:
+            key = (id(spec), at)
+            if key not in nexts:
+                nexts[key] = next_after(spec, at)
+            return nexts[key]
+
         instants: list[datetime] = []
-        at = next_after(self.entry.spec, self.instants[-1])
+        at = after(self.instants[-1])
         while at is not None and at <= now and len(instants) < MAX_BACKLOG:
             instants.append(at)
-            at = next_after(self.entry.spec, at)
+            at = after(at)
         if not instants and at is not None:
             instants.append(at)
         self.instants = self._before_until(instants)

@@ -75,16 +75,17 @@ class Upkeep:
         self._unprepared: collections.deque[Pending] = collections.deque()
 
     def prepare(self, pending: Iterable[Pending]) -> None:
-        """Build the message templates of ``pending``'s schedules, in this order, as room
-        allows: at 100,000 schedules building them all takes minutes, and done at boot it
-        would hold the first occurrences back."""
-        self._unprepared = collections.deque(pending)
+        """Build the message templates of ``pending``'s schedules (at boot, or of a shard
+        taken over), in this order, after those already waiting, as room allows: at 100,000
+        schedules building them all takes minutes, and done at boot it would hold the first
+        occurrences back."""
+        self._unprepared.extend(pending)
 
     def run(self, room: Callable[[], bool]) -> None:
         clock = self._clock
         if clock.now() >= self.next_recovery:
-            self.recover()
-            self.next_recovery = clock.now() + self._dispatch.lease / 2
+            going = self.recover()
+            self.next_recovery = clock.now() + (timedelta(0) if going else self._dispatch.lease / 2)
         if clock.now() >= self.next_retention:
             now = clock.now()
             self.sweeper.start(now)
@@ -109,11 +110,12 @@ class Upkeep:
             return now  # the next batch of the retention sweep, the next templates
         return min(self.next_recovery, self.next_retention)
 
-    def recover(self) -> None:
-        """One recovery sweep (:mod:`voltro_beat.engine.recovery`)."""
+    def recover(self) -> bool:
+        """A recovery sweep's slice (:mod:`voltro_beat.engine.recovery`); returns whether the
+        sweep goes on at the next step."""
         if self._dispatch.halted:  # close() was asked for in the middle of this step
-            return
-        recovery.recover(
+            return False
+        return recovery.recover(
             self._store, self._dispatch, self._membership, self._entries.keys(), self._metrics
         )
 
