@@ -184,3 +184,17 @@ def test_a_step_late_past_a_change_still_claims_the_old_definitions_instants_bef
     # 4 and 5 fell before the change: claimed (late) by the step that also reads the change;
     # 6 to 9 are the old definition's after it (none); 10 the new one's.
     assert seconds(fired(store_url)) == [2, 3, 4, 5, 10]
+
+
+def test_a_schedule_added_to_a_shard_held_fires_in_cluster_coordination(
+    replicas: Any, store_url: str, edit: Callable[[datetime], ScheduleTable]
+) -> None:
+    # A schedule added to the table in cluster coordination is claimed with its shard's epoch
+    # by the replica that holds the shard, from its first instant after the add; its claims
+    # carried none until the shards held changed, and the store refused each one.
+    cluster = {"voltro_beat_coordination": "cluster", "voltro_beat_shards": 1}
+    r1 = replicas("r1", schedule=HOURLY, **cluster)
+    run([r1], 0, 1)
+    edit(sec(1.2)).add("live", EVERY_SECOND, by="ana")
+    run([r1], 1.5, 4)
+    assert seconds(fired(store_url)) == [2, 3, 4]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -95,3 +96,27 @@ def test_replicas_catching_up_at_once_each_win_a_share(
         won["r2"] += [o.key.split("@")[0] for o in r2.settle(now, None, start=0.5)]
     assert sorted(won["r1"]) == [f"s{n:02d}" for n in range(20)]
     assert sorted(won["r2"]) == [f"s{n:02d}" for n in range(20, 40)]
+
+
+def test_a_catch_up_with_nothing_to_record_looks_up_a_statement_s_worth_a_step(
+    replica: Callable[[str], Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing fell since each schedule's last run: a step still looks up one statement's
+    # worth of schedules, not the next and the next. A boot at a third of a million
+    # schedules with no history looked them all up in one step, 34 statements, and outlasted
+    # the shards' leases.
+    r1 = replica("r1")
+    lookups: list[int] = []
+    last_scheduled = r1._store.last_scheduled
+
+    def traced(names: Any) -> Any:
+        lookups.append(len(names))
+        return last_scheduled(names)
+
+    monkeypatch.setattr(r1._store, "last_scheduled", traced)
+    r1.owe(list(ENTRIES.values()), AT - timedelta(seconds=30), {}, None, {})
+    for n in range(4):
+        assert r1.owing
+        assert r1.settle(AT - timedelta(seconds=30), None) == []
+        assert lookups == [10] * (n + 1)
+    assert not r1.owing

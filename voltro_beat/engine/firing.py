@@ -229,7 +229,8 @@ class Engine:
         elif taken:
             self._owe(taken, self.clock.now(), taken_over=False)
         # The catch-up owed is recorded by the steps, a statement each, starting with this one.
-        self.upkeep.prepare(self._start(self.entries, self._started))
+        held = self.entries if self.ownership is None else self.ownership.schedules()
+        self.upkeep.prepare(self._start(held, self._started))
         self.booted = True
 
     def _start(self, names: Iterable[str], since: datetime) -> list[Pending]:

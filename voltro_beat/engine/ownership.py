@@ -45,10 +45,16 @@ class Ownership:
         self._lease = settings.publish_timeout
         #: Schedule -> its shard.
         self.shard_of = {name: shard_of(self.group, name, self.count) for name in entries}
+        #: Shard -> its schedules: what changes with the shards held costs what they hold,
+        #: not every schedule (a million, in a group of many replicas).
+        self._names: dict[int, list[str]] = {}
+        for name, shard in self.shard_of.items():
+            self._names.setdefault(shard, []).append(name)
         #: Shard -> the epoch this replica holds it at.
         self.held: dict[int, int] = {}
-        #: What this replica's claims carry.
-        self.tenure = Tenure(self.group, {})
+        #: What this replica's claims carry: per schedule of a shard held, the shard and epoch.
+        self._claimable: dict[str, tuple[int, int]] = {}
+        self.tenure = Tenure(self.group, self._claimable)
         #: Schedule -> when the replica that owned its shard released it, for the shards just
         #: taken that way: what fell before then was that live replica's to fire.
         self.released: dict[str, datetime] = {}
@@ -56,7 +62,15 @@ class Ownership:
 
     def track(self, name: str) -> None:
         """Give schedule ``name`` (new from the schedules table) its shard."""
-        self.shard_of[name] = shard_of(self.group, name, self.count)
+        if name not in self.shard_of:
+            shard = self.shard_of[name] = shard_of(self.group, name, self.count)
+            self._names.setdefault(shard, []).append(name)
+            if shard in self.held:
+                self._claimable[name] = (shard, self.held[shard])
+
+    def schedules(self) -> list[str]:
+        """The schedules of the shards this replica owns."""
+        return self._of(self.held)
 
     def holds(self, name: str) -> bool:
         """Whether this replica owns the shard of schedule ``name``."""
@@ -102,7 +116,7 @@ class Ownership:
             lease=self._lease,
         )
         self.released = {
-            name: released[s] for name, s in self.shard_of.items() if s in gained and s in released
+            name: released[s] for s in gained if s in released for name in self._names.get(s, ())
         }
         lost = sorted(keep.keys() - held.keys())
         given = sorted(self.held.keys() - assigned)
@@ -135,18 +149,22 @@ class Ownership:
                 extra=logs.fields(count=len(held)),
             )
             self.held = held
-            self.tenure = Tenure(
-                self.group,
-                {name: (s, held[s]) for name, s in self.shard_of.items() if s in held},
-            )
-        return changed, [name for name, s in self.shard_of.items() if s in gained]
+            self._claimable = {
+                name: (s, e) for s, e in held.items() for name in self._names.get(s, ())
+            }
+            self.tenure = Tenure(self.group, self._claimable)
+        return changed, self._of(gained)
+
+    def _of(self, shards: Iterable[int]) -> list[str]:
+        return [name for s in sorted(shards) for name in self._names.get(s, ())]
 
     def release(self) -> None:
         """Give up every shard (a graceful stop): the others take them at once. Also those
         this replica holds without knowing it (an exchange whose answer was lost)."""
         self._store.release_shards(self.group)
         self.held = {}
-        self.tenure = Tenure(self.group, {})
+        self._claimable = {}
+        self.tenure = Tenure(self.group, self._claimable)
 
 
 def _ranges(shards: Sequence[int]) -> str:

@@ -162,29 +162,29 @@ class Recorder:
 
         A catch-up starts at fraction ``start`` of its schedules by name (the replica's rank
         among the live replicas), so that replicas that boot at once each win a share of it,
-        and goes round from there. Its runs are planned a statement's worth at a time. One
-        that meets a store error stays owed and is tried again, as it stood when owed (the
-        shard is no longer "just taken" by then)."""
-        while self._owed:
-            c = self._owed[0]
-            if not c.begun:
-                first = int(start * len(c.entries))
-                c.entries = c.entries[first:] + c.entries[:first]
-                c.begun = True
-            while len(c.runs) < BATCH and c.entries:
-                c.runs += self.catch_up(
-                    c.entries[:BATCH], c.now, c.live_since, c.since, c.live_until
-                )
-                del c.entries[:BATCH]
-            if not c.runs:
-                self._owed.popleft()
-                continue
+        and goes round from there. A step plans the runs of at most a statement's worth of
+        schedules (one look-up of their last runs) and records at most one statement: a
+        catch-up of a third of a million schedules with no history planned them all in one
+        step, 34 look-ups, and outlasted the shards' leases. One that meets a store error
+        stays owed and is tried again, as it stood when owed (the shard is no longer "just
+        taken" by then)."""
+        if not self._owed:
+            return []
+        c = self._owed[0]
+        if not c.begun:
+            first = int(start * len(c.entries))
+            c.entries = c.entries[first:] + c.entries[:first]
+            c.begun = True
+        if len(c.runs) < BATCH and c.entries:
+            c.runs += self.catch_up(c.entries[:BATCH], c.now, c.live_since, c.since, c.live_until)
+            del c.entries[:BATCH]
+        won = []
+        if c.runs:
             won = [o for part in self.record(c.runs[:BATCH], now, tenure) for o in part]
             del c.runs[:BATCH]
-            if not c.runs and not c.entries:
-                self._owed.popleft()
-            return won
-        return []
+        if not c.runs and not c.entries:
+            self._owed.popleft()
+        return won
 
     def catch_up(
         self,
