@@ -133,10 +133,11 @@ class Dispatcher:
         earliest, _ = self.clock.bounds(fenced.reading)
         return fenced.instant - earliest
 
-    def deliver(self, chunks: Sequence[Fenced]) -> bool:
+    def deliver(self, chunks: Sequence[Fenced], *, settle: bool = True) -> bool:
         """Write fenced ``chunks`` in order (each due: :meth:`until`), each marked as soon as
-        the broker confirmed it, then settle them; False (and the rest left for recovery)
-        once the broker fails.
+        the broker confirmed it, then settle them (unless ``settle`` is False: the caller
+        settles once the rest of the burst is written, :meth:`settle`); False (and the rest
+        left for recovery) once the broker fails.
 
         A chunk with less than a whole lease left (this process was paused or held up since
         its fence) is fenced again first: the store decides again what is still this
@@ -172,7 +173,8 @@ class Dispatcher:
         finally:
             with self.runner.hold_signals():
                 _wait(marking)
-        self._settle()
+        if settle:
+            self.settle()
         return complete
 
     def send(self, occurrences: Sequence[Occurrence]) -> bool:
@@ -183,15 +185,16 @@ class Dispatcher:
                 return False
         return True
 
-    def flush(self) -> None:
+    def flush(self, *, settle: bool = True) -> None:
         """Mark what the broker confirmed while the store was failing, and settle what was
-        marked and not settled yet."""
+        marked and not settled yet (unless ``settle`` is False: a burst is being written)."""
         with self._lock:
             keys, self.unmarked = self.unmarked, []
         if keys:
             with self.runner.hold_signals():
                 self._mark(keys)
-        self._settle()
+        if settle:
+            self.settle()
 
     def close(self) -> None:
         """Write nothing more; finish the marks under way and settle what was marked."""
@@ -289,7 +292,9 @@ class Dispatcher:
         with self._lock:
             kept.extend(keys)
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
+        """Record the runs marked published as ``published`` (one statement per batch: off a
+        burst's critical path, after its last write)."""
         with self._lock:
             keys, self.unsettled = self.unsettled, []
         try:

@@ -44,9 +44,15 @@ class Dispatcher:
     def until(self, fenced: Fenced) -> timedelta:
         return fenced.instant - self.clock.t
 
-    def deliver(self, chunks: Sequence[Fenced]) -> bool:
+    def deliver(self, chunks: Sequence[Fenced], *, settle: bool = True) -> bool:
         self.calls += [f"write {o.schedule}" for c in chunks for o in c.occurrences]
         return True
+
+    def settle(self) -> None:
+        """Noted when something was written since the last settle."""
+        written = [c for c in self.calls if c.startswith("write") or c == "settle"]
+        if written and written[-1] != "settle":
+            self.calls.append("settle")
 
 
 def ready(fence_takes: float) -> tuple[Ready, Dispatcher, Clock]:
@@ -73,7 +79,7 @@ def test_a_burst_fenced_ahead_is_written_at_its_instant() -> None:
     assert dispatch.calls == ["fence a", "fence b", "fence c", "fence d"]
     clock.t = T0
     queue.publish()
-    assert dispatch.calls[4:] == ["write a", "write b", "write c", "write d"]
+    assert dispatch.calls[4:] == ["write a", "write b", "write c", "write d", "settle"]
 
 
 def test_fencing_stops_once_the_first_fenced_chunk_is_due() -> None:
@@ -91,11 +97,12 @@ def test_fencing_stops_once_the_first_fenced_chunk_is_due() -> None:
 
 def test_a_publish_goes_on_for_a_slice_and_leaves_the_rest_to_the_next_step() -> None:
     # A replica's third of a million occurrences published in one step held the step past
-    # the shards' leases, which only the heartbeat renews (between steps): they moved.
+    # the shards' leases, which only the heartbeat renews (between steps): they moved. The
+    # settle waits for the end of the burst (one between two slices held its last message).
     queue, dispatch, clock = ready(fence_takes=0.4)
     clock.t = T0
     queue.publish()
     assert dispatch.calls == ["fence a", "write a", "fence b", "write b", "fence c", "write c"]
     assert queue.next_publish() <= clock.t
     queue.publish()
-    assert dispatch.calls[6:] == ["fence d", "write d"]
+    assert dispatch.calls[6:] == ["fence d", "write d", "settle"]

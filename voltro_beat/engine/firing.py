@@ -183,7 +183,8 @@ class Engine:
 
     def _attempt(self) -> datetime:
         clock = self.clock
-        self.dispatch.flush()
+        # In the middle of a burst (what is due to publish now), the settle waits for its end.
+        self.dispatch.flush(settle=self.ready.next_publish() > clock.now())
         if not self.booted:
             self._boot()
         # What is due first (the heartbeat before claims: it says which schedules are

@@ -64,7 +64,8 @@ class Ready:
         100 chunks on a loaded host outlasted the first chunks' leases: they went to
         recovery). If the broker fails, what is left of the instant stays ``claimed`` and goes
         to recovery once its lease runs out. After :data:`SLICE` it returns, the rest due
-        still (:meth:`next_publish`).
+        still (:meth:`next_publish`). What was written is settled once nothing is due (a
+        settle statement between two slices of a burst held its last message by seconds).
         """
         started = self._clock.monotonic()
 
@@ -92,11 +93,13 @@ class Ready:
             ):
                 due.append(self._armed.popleft())
             if not due:
+                self._dispatch.settle()
                 return
-            if not self._dispatch.deliver(due):
+            if not self._dispatch.deliver(due, settle=False):
                 self._armed = collections.deque(
                     a for a in self._armed if self._dispatch.until(a) > timedelta(0)
                 )
+                self._dispatch.settle()
                 return
 
     @property
