@@ -29,7 +29,7 @@ NEVER = datetime.max.replace(tzinfo=UTC)
 #: coordination, three replicas on two cores) took longer than the shards' leases, renewed
 #: by the heartbeat alone: the shards moved in the middle of the burst.
 SLICE = 1.0
-#: Fenced chunks written (and then settled) in one go, between two looks at the time.
+#: Fenced chunks written in one go, between two looks at the time.
 CHUNKS_AT_ONCE = 10
 
 
