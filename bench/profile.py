@@ -6,6 +6,7 @@ app's: ``crontab(minute='*')`` (one object, shared), each with its own ``args``.
     .venv/bin/python -m bench.profile --size 10000 --store sqlite:////tmp/vb.sqlite3
     .venv/bin/python -m bench.profile --source table       # the same, from the schedules table
     .venv/bin/python -m bench.profile --run 75 --store sqlite:////tmp/vb.sqlite3  # 75 s of beat
+    .venv/bin/python -m bench.profile --size 333000 --coordination cluster --run 150
 
 With ``--run SECONDS`` the timed replica then ticks as beat's loop would for that long (a minute
 boundary or more: every schedule fires each minute), and the longest tick and the runs its
@@ -54,7 +55,9 @@ def _fresh(store: str) -> Services:
     return svc
 
 
-def _steps(size: int, store: str, source: str) -> tuple[dict[str, float], Any]:
+def _steps(
+    size: int, store: str, source: str, coordination: str | None = None
+) -> tuple[dict[str, float], Any]:
     from voltro_beat.scheduler import VoltroScheduler
 
     times: dict[str, float] = {}
@@ -62,6 +65,8 @@ def _steps(size: int, store: str, source: str) -> tuple[dict[str, float], Any]:
     every = crontab(minute="*")
     app = Celery("profile", broker="memory://", set_as_current=False)
     app.conf.update(voltro_beat_store_url=store, voltro_beat_replica="profile", result_expires=None)
+    if coordination:
+        app.conf.voltro_beat_coordination = coordination
     if source == "code":
         app.conf.beat_schedule = {
             f"s{i:06d}": {"task": "bench.noop", "schedule": every, "args": [i]} for i in range(size)
@@ -179,13 +184,18 @@ def main(argv: list[str] | None = None) -> int:
         help="The schedules in the app's beat_schedule, or rows of the schedules table.",
     )  # fmt: skip
     parser.add_argument(
+        "--coordination", choices=("advisory_lock", "cluster", "single"),
+        help="voltro_beat_coordination (default: the store's default); with cluster, the "
+        "one replica owns every shard.",
+    )  # fmt: skip
+    parser.add_argument(
         "--run", type=float, default=0.0, metavar="SECONDS",
         help="Then tick as beat would for SECONDS, and skip the profile and memory runs.",
     )  # fmt: skip
     args = parser.parse_args(argv)
 
     _fresh(args.store)
-    times, scheduler = _steps(args.size, args.store, args.source)
+    times, scheduler = _steps(args.size, args.store, args.source, args.coordination)
     if args.run:
         times.update(_run(scheduler, args.run))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -200,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     _fresh(args.store)
     profile = cProfile.Profile()
     profile.enable()
-    _, scheduler = _steps(args.size, args.store, args.source)
+    _, scheduler = _steps(args.size, args.store, args.source, args.coordination)
     profile.disable()
     scheduler.close()
     for order in ("cumulative", "tottime"):
@@ -210,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _fresh(args.store)
     tracemalloc.start(1)
-    _, scheduler = _steps(args.size, args.store, args.source)
+    _, scheduler = _steps(args.size, args.store, args.source, args.coordination)
     snapshot = tracemalloc.take_snapshot()
     tracemalloc.stop()
     scheduler.close()
