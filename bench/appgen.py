@@ -16,8 +16,9 @@ MODULE = "benchapp"
 
 # kind -> the schedule expression every entry shares.
 SCHEDULES = {
-    # Every entry due at the same minute boundary.
-    "burst": "crontab(minute='*')",
+    # Every entry due at the same minute boundary: every minute, or (bench --burst-once) at the
+    # measured boundary's minute of each hour only.
+    "burst": "crontab(minute=os.environ.get('BENCH_BURST_MINUTE', '*'))",
     # One-second intervals (voltro_beat anchors them to the epoch, Celery to the last run).
     "steady": "timedelta(seconds=1)",
     # Never due during a run: boot time and memory of an idle replica holding S schedules.

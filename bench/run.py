@@ -70,6 +70,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--burst-window", type=float, default=55.0)
     ap.add_argument(
+        "--burst-once",
+        action="store_true",
+        help="the burst's schedules fire at the measured boundary's minute of the hour only"
+        " (crontab(minute=M)), not every minute: a burst of S with no earlier boundary of S"
+        " during the lead (at a million, every minute is 16,700 occurrences a second)",
+    )
+    ap.add_argument(
         "--voltro-store",
         default=Services.voltro_store,
         help="voltro_beat store URL (PostgreSQL bench database or sqlite:///path)",
@@ -141,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         loglevel=args.loglevel,
         burst_lead=args.burst_lead,
         burst_window=args.burst_window,
+        burst_once=args.burst_once,
         steady_seconds=args.seconds,
         logs=RESULTS / f"{args.name}-logs",
     )

@@ -1,6 +1,7 @@
 """The scheduler workloads: one case = one scheduler, S schedules, R replicas, real processes.
 
-- ``burst``: S ``crontab(minute='*')`` entries, beats started ``lead`` s before a minute
+- ``burst``: S ``crontab(minute='*')`` entries (with ``burst_once``, ``crontab(minute=M)``, M
+  the measured boundary's minute), beats started ``lead`` s before a minute
   boundary (a later one if they are not ready 3 s before it); from the boundary: first and
   last message, when all S had arrived, how many of S arrived within ``window`` s, duplicates.
 - ``steady``: S one-second interval entries; after every replica booted and a warm-up, a window
@@ -55,6 +56,8 @@ class Settings:
     loglevel: str = "warning"
     burst_lead: float = 50.0
     burst_window: float = 55.0
+    #: The burst's schedules fire at the measured boundary's minute only (``--burst-once``).
+    burst_once: bool = False
     steady_seconds: int = 60
     steady_warmup: float = 5.0
     steady_tail: float = 2.0
@@ -160,14 +163,17 @@ def _burst(
     case: Case, cfg: Settings, procs: Processes, env: dict[str, str], work: Path
 ) -> dict[str, Any]:
     boundary = math.ceil((time.time() + cfg.burst_lead) / 60) * 60
+    if cfg.burst_once:
+        env = {**env, "BENCH_BURST_MINUTE": str(time.gmtime(boundary).tm_min)}
     _sleep_until(boundary - cfg.burst_lead)
     spawned = time.time()
     _spawn_beats(case, cfg, procs, env)
     ready = _wait_ready(case, cfg, procs)
     crossed = 0
-    if ready > boundary - 3:
+    if ready > boundary - 3 and not cfg.burst_once:
         # Booted too late for the planned boundary: measure the next one it can make, and say
         # how many boundaries passed while it booted (their messages are counted as early).
+        # With burst_once the planned one is measured whatever: the next has no burst.
         crossed = math.floor(ready / 60) - math.floor(spawned / 60)
         boundary = math.ceil((ready + 3) / 60) * 60
     earlier = _drop_queue(cfg.svc)
