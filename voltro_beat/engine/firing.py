@@ -34,13 +34,12 @@ from voltro_beat.engine.ownership import Ownership
 from voltro_beat.engine.ready import NEVER, Ready
 from voltro_beat.engine.recorder import Recorder, graces
 from voltro_beat.engine.singletons import Singletons
-from voltro_beat.engine.timeline import Pending, Timeline
+from voltro_beat.engine.timeline import Pending, Timeline, shared_next
 from voltro_beat.engine.unserved import Unserved
 from voltro_beat.engine.upkeep import LONG_AGO, Upkeep
 from voltro_beat.exceptions import StoreError
 from voltro_beat.membership import Membership
 from voltro_beat.metrics import Metrics
-from voltro_beat.occurrences import next_after
 from voltro_beat.publisher import Publisher
 from voltro_beat.runner import Runner
 from voltro_beat.runs import Run
@@ -240,24 +239,17 @@ class Engine:
         coordination as their shard is taken over (the timeline keeps the schedules of this
         replica's shards alone). Returns what it put there, soonest first."""
         started = []
-        firsts: dict[int, datetime | None] = {}  # schedules of one expression share their spec
+        nexts: dict[tuple[int, datetime], datetime | None] = {}
         for name in names:
             entry = self.entries[name]
-            if (
-                entry.trigger != "beat"
-                or name in self.live.silent
-                or name in self.timeline
-                or not self.gate.holds(name)
-            ):
+            if entry.trigger != "beat" or name in self.live.silent or name in self.timeline:
                 continue
-            key = id(entry.spec)
-            if key not in firsts:
-                firsts[key] = next_after(entry.spec, since)
-            first = firsts[key]
+            first = shared_next(entry.spec, since, nexts)
             if first is not None:
                 pending = Pending(entry, [first])
                 self.timeline.push(pending)
-                started.append(pending)
+                if name in self.timeline:  # not left out: a schedule of a shard held
+                    started.append(pending)
         return sorted(started, key=lambda p: p.instants[0])
 
     def _follow_table(self, *, boot: bool) -> None:

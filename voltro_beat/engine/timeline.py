@@ -51,24 +51,28 @@ class Pending:
         a burst (those of one expression share their spec: a burst of a million schedules
         of one expression finds its next instant once)."""
         spec = self.entry.spec
-
-        def after(at: datetime) -> datetime | None:
-            key = (id(spec), at)
-            if key not in nexts:
-                nexts[key] = next_after(spec, at)
-            return nexts[key]
-
         instants: list[datetime] = []
-        at = after(self.instants[-1])
+        at = shared_next(spec, self.instants[-1], nexts)
         while at is not None and at <= now and len(instants) < MAX_BACKLOG:
             instants.append(at)
-            at = after(at)
+            at = shared_next(spec, at, nexts)
         if not instants and at is not None:
             instants.append(at)
         self.instants = self._before_until(instants)
 
     def _before_until(self, instants: list[datetime]) -> list[datetime]:
         return instants if self.until is None else [at for at in instants if at < self.until]
+
+
+def shared_next(
+    spec: object, after: datetime, nexts: dict[tuple[int, datetime], datetime | None]
+) -> datetime | None:
+    """``next_after(spec, after)``, kept in ``nexts`` for the other schedules of one step that
+    share ``spec`` (the entries of one expression share it)."""
+    key = (id(spec), after)
+    if key not in nexts:
+        nexts[key] = next_after(spec, after)
+    return nexts[key]
 
 
 class Timeline:
