@@ -30,6 +30,7 @@ from vbt_harness import (
     PrivatePostgres,
     Sched,
     check,
+    expected_keys,
     finish,
     now,
     sleep_until,
@@ -42,6 +43,12 @@ from voltro_beat.confirms import CONFIRM_EVERY
 
 STEADY = [Sched(f"steady-{i:03d}", '"* * * * * *"') for i in range(200)]
 SETTLE = timedelta(seconds=6)
+#: How long after the window a run that a failed broker write left ``claimed`` may still take
+#: to go out: its lease (the fence's hold, 5 s, renewed while a write hangs, for at most
+#: three publish timeouts: 12 s) and the next recovery sweep (every half lease, 2 s). Beats
+#: are stopped once every run of the window went out or was missed, or after this: a run
+#: still ``claimed`` then is lost.
+RECOVERED = timedelta(seconds=20)
 #: How long each service stays down in its restart.
 DOWN = timedelta(seconds=2)
 #: kombu's Redis transport gives a message delivered to a worker that lost its connection back
@@ -62,11 +69,26 @@ VISIBILITY = {
 }
 
 
-def _finish(dep: ChaosDeployment, start: datetime, end: datetime) -> tuple[Outcome, list[str]]:
-    """Run to ``end``; note which replicas had exited by then; stop and collect."""
+def _finish(dep: ChaosDeployment, start: datetime, end: datetime) -> tuple[Outcome, list[str], str]:
+    """Run to ``end``, then until every occurrence of the window went out or was recorded
+    missed (at most :data:`RECOVERED`); note which replicas had exited by then and how long
+    the last run took; stop and collect."""
     sleep_until(end + timedelta(seconds=1.5))
+    keys = expected_keys(STEADY, start, end)
+
+    def out() -> bool:
+        runs = dep.runs()
+        return all(k in runs and (runs[k].published_at or runs[k].status == "missed") for k in keys)
+
+    settled = wait_until(out, timeout=RECOVERED.total_seconds(), interval=0.5)
+    waited = (
+        f"every run of the window out or missed {(now() - end).total_seconds():.1f}s after"
+        " the window closed"
+        if settled
+        else f"runs of the window still claimed {RECOVERED.total_seconds():g}s after it closed"
+    )
     exited = [f"{n} (exit {p.popen.returncode})" for n, p in dep.beats.items() if not p.alive()]
-    return finish(dep, STEADY, start, end), exited
+    return finish(dep, STEADY, start, end), exited, waited
 
 
 def revive_stuck_worker(dep: ChaosDeployment, *, quiet: float = 3.0) -> str | None:
@@ -121,7 +143,7 @@ def test_postgresql_then_redis_restarted(
     end = redis_up + SETTLE
     sleep_until(end)
     revived = revive_stuck_worker(dep)
-    outcome, exited = _finish(dep, start, end)
+    outcome, exited, waited = _finish(dep, start, end)
     backlog = redis_backlog(redis.url, dep.queue)
 
     row = tally(
@@ -140,6 +162,7 @@ def test_postgresql_then_redis_restarted(
             f" +{(redis_stop - start).total_seconds():.1f}s; window"
             f" {(end - start).total_seconds():.0f}s; Redis visibility_timeout 5 s,"
             " worker acks late",
+            waited,
             f"left in Redis after the drain: {backlog}",
             *([revived] if revived else []),
         ],
@@ -172,7 +195,7 @@ def test_rabbitmq_restarted(chaos: ChaosDeployments, chaos_results: Results) -> 
     rabbit.start()
     up = now()
     end = up + SETTLE
-    outcome, exited = _finish(dep, start, end)
+    outcome, exited, waited = _finish(dep, start, end)
 
     row = tally("5b. RabbitMQ (broker) restarted, 200 schedules/s", outcome)
     published = [k for k in outcome.keys if k in outcome.runs and outcome.runs[k].published_at]
@@ -186,6 +209,7 @@ def test_rabbitmq_restarted(chaos: ChaosDeployments, chaos_results: Results) -> 
             f"private node down {(up - stopping).total_seconds():.1f}s (rabbitmqctl stop,"
             f" rabbitmq-server) at +{(stopping - start).total_seconds():.1f}s; window"
             f" {(end - start).total_seconds():.0f}s",
+            waited,
             f"{len(unseen)} runs marked published were never executed",
         ],
     )
