@@ -118,6 +118,42 @@ def test_a_takeover_catch_up_that_meets_a_store_error_is_retried_not_lost(
     assert None not in fates.values(), fates
 
 
+def test_a_replica_whose_claims_fail_lets_its_shards_go_to_a_live_one(
+    replicas: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica whose claims fail while its heartbeats go through (a deploy whose claims are
+    broken) holds the shard the assignment gives it. After a lease of failed steps it lets
+    the shard go; the other replica, live all along, takes it once its lease ran out and
+    catches up on what fell meanwhile, within the lateness. Found by the simulation (seed 11,
+    cluster coordination); before the fix the failing replica renewed the shard at every
+    heartbeat and none of its occurrences had a row while it lived."""
+    assert assign(1, ["a", "b"])["b"] == {0}
+    a = replicas("a", schedule=EVERY_SECOND, **CLUSTER)
+    b = replicas("b", schedule=EVERY_SECOND, **CLUSTER)
+    tick(a, sec(0.2))
+    tick(b, sec(0.3))
+    tick(a, sec(1.2))
+    tick(b, sec(1.3))  # takes the shard
+
+    def fails(*args: Any, **kwargs: Any) -> set[str]:
+        raise StoreError("claims failing")
+
+    monkeypatch.setattr(b._store, "claim", fails)
+    t = 1.4
+    while t < 40.0:
+        tick(a, sec(t))
+        tick(b, sec(t + 0.05))
+        t += 0.1
+    taker, broken = a._engine.gate.ownership, b._engine.gate.ownership
+    assert taker is not None and taker.held
+    assert broken is not None and not broken.held
+    found = rows(store_url)
+    fates = {
+        n: getattr(found.get(f"s@2026-01-01T10:00:{n:02}"), "status", None) for n in range(3, 38)
+    }
+    assert set(fates.values()) <= {"claimed", "published"}, fates
+
+
 TWO_GROUPS = {
     "mine": {"task": "proj.work", "schedule": 5.0},
     "theirs": {"task": "proj.work", "schedule": 5.0, "group": "billing", "max_lateness": 10},

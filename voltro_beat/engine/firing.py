@@ -189,7 +189,7 @@ class Engine:
         # What is due first (the heartbeat before claims: it says which schedules are
         # yielded to a newer replica); the rest of the step is upkeep.
         self.ready.publish()
-        if clock.now() >= self._next_heartbeat:
+        if clock.now() >= self._next_heartbeat and not self._step_aside():
             changed, gained = self.gate.beat()
             if changed:
                 self.timeline.requeue()
@@ -211,6 +211,28 @@ class Engine:
             self.guard.promote(clock.now(), self.dispatch, self.lease)
         self.upkeep.run(self._room)
         return self._wake(clock.now())
+
+    def _step_aside(self) -> bool:
+        """In ``cluster`` coordination, once the store has failed every step for a lease (a
+        deploy whose claims are broken while its heartbeats go through, say): renew nothing at
+        the heartbeat and let go of the shards held, here, without a statement. The replica
+        then looks gone to the others; its shards' leases lapse to the live replicas, which
+        catch up on them within their lateness. A replica that kept renewing them would fire
+        none of their schedules. Its first step that succeeds takes part again (the heartbeat
+        after it takes shards back as newly taken: their catch-up covers the gap). Returns
+        whether the replica stands aside."""
+        down = self.upkeep.health.down_since
+        if self.ownership is None or down is None or self.clock.now() - down < self.lease:
+            return False
+        if self.gate.step_aside():
+            self.timeline.requeue()
+            logger.warning(
+                "voltro_beat: the store has failed every step since %s: letting go of this "
+                "replica's shards for the live replicas to fire; taking part again once a "
+                "step succeeds",
+                down.isoformat(timespec="seconds"),
+            )
+        return True
 
     def _boot(self) -> None:
         """Upgrade the schema, join the registry (a first reading of the database's clock),

@@ -97,6 +97,17 @@ class Gate:
         moved, gained = self._follow()
         return changed or moved, gained
 
+    def step_aside(self) -> bool:
+        """Let go of the shards held without a statement (the store fails this replica's
+        steps: their leases lapse to the others) and ask their singletons to stop; returns
+        whether any shard was held."""
+        if self.ownership is None or not self.ownership.held:
+            return False
+        self.ownership.forget()
+        if self.singletons:
+            self.singletons.follow(self.ownership.held)
+        return True
+
     def leave(self) -> None:
         """Stop the singletons, release the shards (the others take them at once) and leave
         the registry."""

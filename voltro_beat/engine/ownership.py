@@ -162,6 +162,10 @@ class Ownership:
         """Give up every shard (a graceful stop): the others take them at once. Also those
         this replica holds without knowing it (an exchange whose answer was lost)."""
         self._store.release_shards(self.group)
+        self.forget()
+
+    def forget(self) -> None:
+        """Hold no shard any more, here: claim nothing with them (their leases lapse)."""
         self.held = {}
         self._claimable = {}
         self.tenure = Tenure(self.group, self._claimable)
