@@ -238,6 +238,23 @@ def test_only_known_schedules_are_taken_over(stores: Callable[[str], BeatStore])
     assert [o.schedule for o in taken] == ["other"]
 
 
+def test_runs_of_unknown_schedules_do_not_hide_the_known_ones_behind_them(
+    stores: Callable[[str], BeatStore],
+) -> None:
+    """The oldest lapsed runs are read a chunk at a time and the known schedules kept in the
+    process: a chunk's worth of older runs no replica here can send (a schedule removed, or
+    newer elsewhere) still lets the ones behind them be taken over, oldest first."""
+    a, b = stores("a"), stores("b")
+    a.claim([occ(n, schedule="gone") for n in range(5)], coordination=LOCK, lease=SHORT)
+    a.claim([occ(n) for n in range(5, 8)], coordination=LOCK, lease=SHORT)
+    time.sleep(SHORT.total_seconds() * 1.5)
+    taken = b.take_over(schedules={"s"}, hold=LEASE, limit=2)
+    assert [o.key for o in taken] == [occurrence(5).key, occurrence(6).key]
+    assert [o.key for o in b.take_over(schedules={"s"}, hold=LEASE, limit=2)] == [occurrence(7).key]
+    assert b.take_over(schedules={"s"}, hold=LEASE, limit=2) == []
+    assert status(a, occurrence(0, "gone").key)[0] == "claimed"  # left for its deadline
+
+
 def test_the_fence_refuses_a_lapsed_lease(stores: Callable[[str], BeatStore]) -> None:
     """A replica paused past its lease cannot publish, even before anyone took over."""
     a = stores("a")

@@ -8,7 +8,7 @@ task ids; runs a replica marked and stopped before settling are recorded publish
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Set
 
 from voltro_beat import logs
 from voltro_beat.dispatch import Dispatcher
@@ -31,7 +31,7 @@ def recover(
     store: BeatStore,
     dispatcher: Dispatcher,
     membership: Membership,
-    schedules: Collection[str],
+    schedules: Set[str],
     metrics: Metrics,
 ) -> bool:
     """Part of a recovery sweep of ``schedules`` (this replica's, less those yielded to a
@@ -52,7 +52,7 @@ def recover(
     monotonic = dispatcher.clock.monotonic
     started = monotonic()
     budget = min(SLICE, lease.total_seconds() / 2)
-    mine = [s for s in schedules if s not in membership.yielded]
+    mine = schedules if not membership.yielded else set(schedules) - membership.yielded.keys()
     while True:
         expired = store.expire(known=membership.known, limit=dispatcher.chunk)
         metrics.missed(expired)

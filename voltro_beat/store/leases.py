@@ -13,8 +13,7 @@ store's own clock as each statement runs (guarantee 10).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -59,11 +58,11 @@ class Leases:
             return conn.execute(stmt).first() is not None
 
     def take_over(
-        self, *, schedules: Collection[str], hold: timedelta, limit: int
+        self, *, schedules: Container[str], hold: timedelta, limit: int
     ) -> list[Occurrence]:
         """Take over at most ``limit`` ``claimed`` runs of ``schedules`` whose lease ran out
         (a replica crashed, stopped or lost the broker) and whose deadline has not passed:
-        they are this replica's, leased for ``hold``, oldest lease first. Returns their
+        they are this replica's, leased for ``hold``, oldest first. Returns their
         occurrences.
 
         A conditional update: of several replicas at once, exactly one gets each row (SKIP
@@ -72,28 +71,20 @@ class Leases:
         """
         with self.database.connect() as conn, conn.begin():
             now = self.database.now()
-            lapsed = sa.and_(
-                _lapsed(now),
-                sa.or_(runs.c.deadline.is_(None), runs.c.deadline >= now),
-                runs.c.schedule.in_(self.database.dialect.names()),
-            )
-            stale = self.database.dialect.skip_locked(
-                sa.select(runs.c.id).where(lapsed).order_by(runs.c.scheduled_at).limit(limit)
-            )
+            due = sa.or_(runs.c.deadline.is_(None), runs.c.deadline >= now)
+            found = self._oldest_lapsed(conn, now, due, limit, lambda name, _: name in schedules)
+            if not found:
+                return []
             stmt = (
                 sa.update(runs)
-                .where(runs.c.id.in_(stale.scalar_subquery()), _lapsed(now))
+                .where(runs.c.id.in_([key for key, _, _ in found]), _lapsed(now))
                 .values(replica=self.replica, lease_until=now + hold)
                 .returning(runs.c.schedule, runs.c.scheduled_at, runs.c.id, runs.c.task_id)
             )
-            return [
-                Occurrence(name, at, key, task_id)
-                for name, at, key, task_id in conn.execute(
-                    stmt, {"names": json.dumps(sorted(schedules))}
-                )
-            ]
+            taken = [Occurrence(*row) for row in conn.execute(stmt)]
+            return sorted(taken, key=lambda o: (o.scheduled_at, o.key))
 
-    def expire(self, *, known: Collection[str], limit: int) -> list[Run]:
+    def expire(self, *, known: Container[str], limit: int) -> list[Run]:
         """Record as ``missed`` at most ``limit`` ``claimed`` runs whose lease ran out and
         whose deadline passed (guarantee 6), whatever their schedule: reason
         ``broker_refused`` if the broker refused its last try
@@ -102,36 +93,31 @@ class Leases:
         renamed: nobody could publish it). Returns them."""
         with self.database.connect() as conn, conn.begin():
             now = self.database.now()
-            doomed = self.database.dialect.skip_locked(
-                sa.select(runs.c.id)
-                .where(_lapsed(now), runs.c.deadline < now)
-                .order_by(runs.c.scheduled_at)
-                .limit(limit)
-            )
-            reason = sa.case(
-                (runs.c.error.is_not(None), Reason.BROKER_REFUSED.value),
-                (runs.c.schedule.in_(self.database.dialect.names()), Reason.PUBLISH_FAILED.value),
-                else_=Reason.UNKNOWN_SCHEDULE.value,
-            )
-            stmt = (
-                sa.update(runs)
-                .where(runs.c.id.in_(doomed.scalar_subquery()), _lapsed(now))
-                .values(status=Status.MISSED.value, reason=reason, lease_until=None)
-                .returning(
-                    runs.c.schedule,
-                    runs.c.scheduled_at,
-                    runs.c.id,
-                    runs.c.task_id,
-                    runs.c.task,
-                    runs.c.reason,
+            by_reason: dict[Reason, list[str]] = {}
+            for key, name, error in self._oldest_lapsed(conn, now, runs.c.deadline < now, limit):
+                reason = (
+                    Reason.BROKER_REFUSED
+                    if error is not None
+                    else Reason.PUBLISH_FAILED
+                    if name in known
+                    else Reason.UNKNOWN_SCHEDULE
                 )
-            )
-            return [
-                Run(Occurrence(name, at, key, task_id), task, Status.MISSED, why)
-                for name, at, key, task_id, task, why in conn.execute(
-                    stmt, {"names": json.dumps(sorted(known))}
+                by_reason.setdefault(reason, []).append(key)
+            expired: list[Run] = []
+            for reason, keys in by_reason.items():
+                stmt = (
+                    sa.update(runs)
+                    .where(runs.c.id.in_(keys), _lapsed(now))
+                    .values(status=Status.MISSED.value, reason=reason.value, lease_until=None)
+                    .returning(
+                        runs.c.schedule, runs.c.scheduled_at, runs.c.id, runs.c.task_id, runs.c.task
+                    )
                 )
-            ]
+                expired += [
+                    Run(Occurrence(name, at, key, task_id), task, Status.MISSED, reason.value)
+                    for name, at, key, task_id, task in conn.execute(stmt)
+                ]
+            return sorted(expired, key=lambda r: (r.occurrence.scheduled_at, r.occurrence.key))
 
     # -- queued runs (overlap) ----------------------------------------------------------
 
@@ -205,6 +191,45 @@ class Leases:
                 )
             )
             return bool(conn.execute(stmt).rowcount)
+
+    def _oldest_lapsed(
+        self,
+        conn: sa.Connection,
+        now: Any,
+        where: sa.ColumnElement[bool],
+        limit: int,
+        keep: Callable[[str, str | None], bool] = lambda _name, _error: True,
+    ) -> list[tuple[str, str, str | None]]:
+        """At most ``limit`` ``claimed`` runs whose lease ran out by ``now``, also ``where``, that
+        ``keep`` (given the schedule and the error) keeps: (key, schedule, error), oldest first,
+        locked for this transaction (rows another one locked are skipped).
+
+        Read a page of ``limit`` at a time, in order, until ``limit`` were kept: recovery passes
+        the schedules it may publish as a set to test here, where a statement carrying them (a
+        million names in cluster coordination) cost a second per chunk to send and join.
+        """
+        found: list[tuple[str, str, str | None]] = []
+        page = sa.select(runs.c.id, runs.c.schedule, runs.c.error, runs.c.scheduled_at).where(
+            _lapsed(now), where
+        )
+        after: tuple[datetime, str] | None = None
+        while len(found) < limit:
+            stmt = page
+            if after is not None:
+                at, key = after
+                stmt = stmt.where(
+                    sa.or_(
+                        runs.c.scheduled_at > at,
+                        sa.and_(runs.c.scheduled_at == at, runs.c.id > key),
+                    )
+                )
+            ordered = stmt.order_by(runs.c.scheduled_at, runs.c.id).limit(limit)
+            rows = conn.execute(self.database.dialect.skip_locked(ordered)).all()
+            found += [(key, name, error) for key, name, error, _ in rows if keep(name, error)]
+            if len(rows) < limit:
+                break
+            after = (rows[-1].scheduled_at, rows[-1].id)
+        return found[:limit]
 
     def _write_in_chunks(self, stmt: sa.Executable, keys: list[str]) -> None:
         batches = list(chunks(keys, SQLITE_CHUNK))
