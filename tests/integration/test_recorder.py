@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from voltro_beat.coordination import Coordination
 from voltro_beat.engine import recorder
@@ -17,6 +18,7 @@ from voltro_beat.metrics import Metrics
 from voltro_beat.occurrences import occurrence_key
 from voltro_beat.schedules import parse_entries
 from voltro_beat.store.beat import BeatStore
+from voltro_beat.store.tables import runs
 
 AT = datetime(2026, 1, 1, 10, 0, tzinfo=UTC)
 
@@ -120,3 +122,26 @@ def test_a_catch_up_with_nothing_to_record_looks_up_a_statement_s_worth_a_step(
         assert r1.settle(AT - timedelta(seconds=30), None) == []
         assert lookups == [10] * (n + 1)
     assert not r1.owing
+
+
+def test_a_claim_s_lease_runs_longer_by_what_the_replica_publishes_before_it(
+    replica: Callable[[str], Recorder],
+) -> None:
+    """A run claimed behind a backlog (what the replica won ahead and has not fenced yet, and
+    the statement's own) is leased from its instant for the lease and WRITE_COST for each: at
+    a million schedules a healthy replica's third of a burst met its leases at the fence ten
+    seconds after the instant, and went through recovery."""
+    r1 = replica("r1")
+    instant = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
+    entries = list(ENTRIES.values())
+    alone = list(r1.record([run_of(entries[0], instant, instant, None)], instant))
+    queued = [run_of(e, instant, instant, None) for e in entries[1:11]]
+    behind = [o for part in r1.record(queued, instant, behind=50_000) for o in part]
+    assert len(alone) == 1 and len(behind) == 10
+    store = r1._store
+    with store.database.connect() as conn:
+        leases = dict(conn.execute(sa.select(runs.c.id, runs.c.lease_until)).all())
+    assert leases[alone[0][0].key] == instant + timedelta(seconds=10) + recorder.WRITE_COST
+    assert {leases[o.key] for o in behind} == {
+        instant + timedelta(seconds=10) + recorder.WRITE_COST * 50_010
+    }

@@ -304,7 +304,7 @@ class Engine:
                     self.timeline.push(p)
 
     def _record(self, runs: list[Run], now: datetime) -> None:
-        for won in self.recorder.record(runs, now, self.gate.tenure):
+        for won in self.recorder.record(runs, now, self.gate.tenure, self.ready.waiting):
             for o in won:
                 self.ready.push(o)
             # What the claim won is fenced and published as its instant comes, before the
@@ -334,7 +334,8 @@ class Engine:
 
     def _catch_up(self) -> None:
         """Record a statement's worth of the catch-ups owed (the rest in the next steps)."""
-        for o in self.recorder.settle(self.clock.now(), self.gate.tenure, self.membership.rank):
+        rank, waiting = self.membership.rank, self.ready.waiting
+        for o in self.recorder.settle(self.clock.now(), self.gate.tenure, rank, waiting):
             self.ready.push(o)
 
     @property

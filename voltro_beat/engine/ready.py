@@ -103,6 +103,11 @@ class Ready:
                 return
 
     @property
+    def waiting(self) -> int:
+        """The occurrences won ahead and not fenced yet."""
+        return len(self._ready)
+
+    @property
     def fence_lead(self) -> timedelta:
         """How long before their instant the occurrences claimed ahead are fenced: half the
         claim lead, and never so long that the fence is done again at the instant (see
