@@ -264,6 +264,20 @@ def test_the_fence_refuses_a_lapsed_lease(stores: Callable[[str], BeatStore]) ->
     assert a.fence([occurrence(0).key, occurrence(1).key], hold=LEASE).keys == {occurrence(0).key}
 
 
+def test_the_fence_never_shortens_a_lease(stores: Callable[[str], BeatStore]) -> None:
+    """A run claimed behind a backlog is leased longer than a fence's hold: fencing it ahead
+    of its instant must not cut that lease back (at a million schedules the chunks fenced
+    before the instant lapsed while the ones before them were written)."""
+    a = stores("a")
+    instant = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
+    run = Run(Occurrence.of("s", instant), "t")
+    a.claim([run], coordination=LOCK, lease=timedelta(minutes=5))
+    fence = a.fence([run.occurrence.key], hold=LEASE, start=instant)
+    assert fence.held_until == instant + timedelta(minutes=5)
+    later = a.fence([run.occurrence.key], hold=timedelta(hours=2), start=instant)
+    assert later.held_until == instant + timedelta(hours=2)
+
+
 def test_the_fence_refuses_a_run_past_its_deadline(stores: Callable[[str], BeatStore]) -> None:
     a = stores("a")
     now = datetime.now(UTC)

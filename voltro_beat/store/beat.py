@@ -117,10 +117,11 @@ class BeatStore(Leases, Sweeps, ShardLeases):
 
         A run qualifies while it is ``claimed``, names this replica, its lease has not run out
         and its deadline has not passed; its lease then runs until ``hold`` after ``start``
-        (the instant of runs fenced ahead of it) or after now, whichever is later. Recovery
-        takes a row over only once its lease ran out, so for each row exactly one of the two
-        wins (guarantee 10). Call it right before the broker write: whatever pause comes after
-        it counts against the lease, which :class:`Fence` says the end of.
+        (the instant of runs fenced ahead of it) or after now, whichever is later, and never
+        ends sooner than it did. Recovery takes a row over only once its lease ran out, so
+        for each row exactly one of the two wins (guarantee 10). Call it right before the
+        broker write: whatever pause comes after it counts against the lease, which
+        :class:`Fence` says the end of.
         """
         keys = list(keys)
         if not keys:

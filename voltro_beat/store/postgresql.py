@@ -144,13 +144,16 @@ SELECT id FROM recorded"""
 #: The publish fence: of the runs in ``keys`` (a text array), those this replica still
 #: holds, whose lease has not run out and whose deadline has not passed, are leased until
 #: ``hold`` seconds after ``start`` (their instant, when fenced ahead of it) or after now,
-#: whichever is later; returns each with its lease and the database's clock as the statement
-#: ran (a reading the dispatcher bounds its clock with). A recovery takeover needs the lease run
-#: out, so of the two only one can win a row (guarantee 10).
+#: whichever is later, never sooner than their lease ran already (a claim behind a backlog
+#: is leased longer, voltro_beat.engine.recorder.WRITE_COST); returns each with its lease and
+#: the database's clock as the statement ran (a reading the dispatcher bounds its clock with).
+#: A recovery takeover needs the lease run out, so of the two only one can win a row
+#: (guarantee 10).
 FENCE = f"""
 UPDATE {RUNS} AS r
-SET lease_until = GREATEST(CAST(:start AS timestamptz), clock_timestamp())
-    + make_interval(secs => :hold)
+SET lease_until = GREATEST(
+    r.lease_until,
+    GREATEST(CAST(:start AS timestamptz), clock_timestamp()) + make_interval(secs => :hold))
 WHERE r.id = ANY(CAST(:keys AS text[])) AND r.status = {_CLAIMED} AND r.replica = :replica
   AND r.lease_until > clock_timestamp()
   AND (r.deadline IS NULL OR r.deadline >= clock_timestamp())

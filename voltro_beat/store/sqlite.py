@@ -212,7 +212,12 @@ class SQLite(Dialect):
                     runs.c.lease_until > _NOW,
                     sa.or_(runs.c.deadline.is_(None), runs.c.deadline >= _NOW),
                 )
-                .values(lease_until=max(now, start or now) + hold)
+                .values(
+                    lease_until=sa.func.max(
+                        runs.c.lease_until,
+                        sa.literal(max(now, start or now) + hold, runs.c.lease_until.type),
+                    )
+                )
                 .returning(runs.c.id, runs.c.lease_until, _NOW)
             )
             sent = self.database.monotonic()
