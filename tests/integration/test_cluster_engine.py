@@ -17,6 +17,27 @@ CLUSTER = {"voltro_beat_coordination": "cluster", "voltro_beat_shards": 1}
 AT_SECOND_2 = {"s": {"task": "proj.work", "schedule": "2 * * * * *"}}
 
 
+def shard_to_b(replicas: Any, schedule: dict[str, Any]) -> tuple[Any, Any]:
+    """Replicas ``a`` and ``b``: ``a`` boots alone and takes the one shard, ``b`` boots, the
+    assignment gives it the shard, ``a`` releases it at its heartbeat (1.2 s) and ``b`` takes
+    it at its own (1.3 s)."""
+    assert assign(1, ["a", "b"])["b"] == {0}
+    a = replicas("a", schedule=schedule, **CLUSTER)
+    b = replicas("b", schedule=schedule, **CLUSTER)
+    for replica, at in ((a, 0.2), (b, 0.3), (a, 1.2), (b, 1.3)):
+        tick(replica, sec(at))
+    return a, b
+
+
+def break_claims(monkeypatch: pytest.MonkeyPatch, replica: Any) -> None:
+    """From now on every claim statement of ``replica`` fails; its other statements work."""
+
+    def fails(*args: Any, **kwargs: Any) -> set[str]:
+        raise StoreError("claims failing")
+
+    monkeypatch.setattr(replica._store, "claim", fails)
+
+
 def test_a_new_schedules_first_occurrence_survives_an_owner_that_stalled(
     replicas: Any, store_url: str
 ) -> None:
@@ -62,11 +83,7 @@ def test_occurrences_a_stopping_owner_had_not_claimed_are_published_not_missed(
     owner = replicas("b", schedule=SKIP_EVERY_SECOND, **CLUSTER)
     for n in range(2, 30):
         tick(owner, sec(n / 10))
-
-    def fails(*args: Any, **kwargs: Any) -> set[str]:
-        raise StoreError("claims failing")
-
-    monkeypatch.setattr(owner._store, "claim", fails)
+    break_claims(monkeypatch, owner)
     t = 3.0
     while t < 8.0:
         tick(owner, sec(t))
@@ -97,13 +114,7 @@ def test_a_takeover_catch_up_that_meets_a_store_error_is_retried_not_lost(
     catch-up's first statement fails: the next step must retry it, as it stood when the shard
     was taken. Before the fix the next heartbeat no longer saw the shard as just taken and
     the occurrences older than a lease before the takeover had no row at all."""
-    assert assign(1, ["a", "b"])["b"] == {0}
-    a = replicas("a", schedule=EVERY_SECOND, **CLUSTER)
-    b = replicas("b", schedule=EVERY_SECOND, **CLUSTER)
-    tick(a, sec(0.2))
-    tick(b, sec(0.3))
-    tick(a, sec(1.2))
-    tick(b, sec(1.3))  # takes the shard, then stalls for good
+    a, _ = shard_to_b(replicas, EVERY_SECOND)  # b takes the shard, then stalls for good
     # a's next read of the schedules' last runs is its catch-up of the shard it takes.
     failures = fail_once(monkeypatch, a._store, "last_scheduled")
     t = 1.4
@@ -127,18 +138,8 @@ def test_a_replica_whose_claims_fail_lets_its_shards_go_to_a_live_one(
     catches up on what fell meanwhile, within the lateness. Found by the simulation (seed 11,
     cluster coordination); before the fix the failing replica renewed the shard at every
     heartbeat and none of its occurrences had a row while it lived."""
-    assert assign(1, ["a", "b"])["b"] == {0}
-    a = replicas("a", schedule=EVERY_SECOND, **CLUSTER)
-    b = replicas("b", schedule=EVERY_SECOND, **CLUSTER)
-    tick(a, sec(0.2))
-    tick(b, sec(0.3))
-    tick(a, sec(1.2))
-    tick(b, sec(1.3))  # takes the shard
-
-    def fails(*args: Any, **kwargs: Any) -> set[str]:
-        raise StoreError("claims failing")
-
-    monkeypatch.setattr(b._store, "claim", fails)
+    a, b = shard_to_b(replicas, EVERY_SECOND)
+    break_claims(monkeypatch, b)
     t = 1.4
     while t < 40.0:
         tick(a, sec(t))
