@@ -14,7 +14,8 @@ broker drained.
 Prints one JSON object (also written to ``bench/results/soak.json``): the claims count
 (maximum, per simulated hour, final, and as a multiple of the number of schedules), the run
 rows, the messages published and the duplicates among them (by occurrence key), the sweeps
-(one per hourly slot) and the wall time. Exits 1 if a message was published twice or an
+(one per hourly slot), this process's resident memory (RSS, the three replicas together) at the
+end of each simulated hour, and the wall time. Exits 1 if a message was published twice or an
 occurrence has no run row.
 """
 
@@ -31,6 +32,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psutil
 import sqlalchemy as sa
 from celery import Celery
 
@@ -106,6 +108,8 @@ def soak(url: str, args: argparse.Namespace) -> dict[str, Any]:
     wakes = [(T0 + timedelta(milliseconds=3 * i), i) for i in range(len(replicas))]
     published: Counter[str] = Counter()
     samples: list[int] = []
+    rss_mb: list[int] = []
+    process = psutil.Process()
     next_sample = T0
     ticks = 0
     started = time.monotonic()
@@ -114,15 +118,19 @@ def soak(url: str, args: argparse.Namespace) -> dict[str, Any]:
             at, i = heapq.heappop(wakes)
             r = replicas[i]
             r._store.database.clock = lambda at=at: at
-            delay = r._tick()
+            delay = r.tick()
             ticks += 1
             heapq.heappush(wakes, (at + timedelta(seconds=max(delay, MIN_SLEEP)), i))
             if at >= next_sample:
                 samples.append(count(engine, "SELECT count(*) FROM _voltro_schedule_claims"))
                 published += drain(r.app)
                 next_sample += timedelta(minutes=1)
-                if len(samples) % 60 == 0:  # progress, each simulated hour
-                    print(f"hour {len(samples) // 60}: {samples[-1]} claims", file=sys.stderr)
+                if len(samples) % 60 == 0:  # each simulated hour
+                    rss_mb.append(process.memory_info().rss >> 20)
+                    print(
+                        f"hour {len(samples) // 60}: {samples[-1]} claims, {rss_mb[-1]} MB",
+                        file=sys.stderr,
+                    )
     finally:
         for r in replicas:
             r._store.database.clock = lambda: end
@@ -147,6 +155,8 @@ def soak(url: str, args: argparse.Namespace) -> dict[str, Any]:
         # The largest count within each simulated hour: flat once the pruning has caught up.
         "claims_max_by_hour": [max(samples[h : h + 60]) for h in range(0, len(samples), 60)],
         "sweep_claims": sweeps,
+        # Flat once every replica's state has settled: nothing a replica holds grows with time.
+        "rss_mb_by_hour": rss_mb,
         "runs": runs,
         "occurrences_expected": expected,
         "unrecorded": max(0, expected - runs),
