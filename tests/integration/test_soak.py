@@ -21,3 +21,10 @@ def test_a_few_simulated_minutes_publish_every_occurrence_once_with_the_claims_b
     assert result["unrecorded"] == 0
     # A minute of claims per schedule, plus the one claimed ahead (docs/operations.md).
     assert result["claims_max_per_schedule"] <= 62
+
+
+def test_the_soak_counts_a_message_sent_twice() -> None:
+    published = soak.Published(schedules=2, seconds=10)
+    for key in ["s000@2026-01-01T00:00:01", "s001@2026-01-01T00:00:01", "s001@2026-01-01T00:00:01"]:
+        published.add(key)
+    assert (published.messages, published.duplicates) == (3, 1)
