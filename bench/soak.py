@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def soak(url: str, args: argparse.Namespace) -> dict[str, Any]:
     replicas = [replica(f"r{i + 1}", url, args.schedules) for i in range(args.replicas)]
+    # kombu's in-memory broker is one per process: start from an empty queue.
+    with replicas[0].app.connection_for_write() as conn:
+        conn.SimpleQueue("celery").clear()
     engine = sa.create_engine(url)
     end = T0 + timedelta(hours=args.hours)
     # (when it wakes, its index): every replica starts at T0, a few ms apart.
