@@ -48,24 +48,23 @@ class Membership:
         self.clock = clock
         self.settings = settings
         self.schedules = {name: replicas.definition_hash(e) for name, e in entries.items()}
+        #: The digest of :attr:`schedules`: a live replica with the same one runs the same
+        #: definitions, so its map is not read (at a million schedules, 48 MB of JSON each).
+        self.digest = replicas.digest(self.schedules)
         self.version = version
         #: Between heartbeats; a replica not seen for :attr:`liveness` is gone.
         self.interval = min(settings.publish_timeout / 4, HEARTBEAT)
         self.liveness = settings.publish_timeout
         #: Schedule -> the more recently started replica that fires it instead of this one.
         self.yielded: dict[str, str] = {}
-        #: Schedules some live replica (this one included) runs.
-        self.known: set[str] = set(self.schedules)
-        #: Schedule -> when the longest-running live replica that runs it (this one too)
-        #: started.
-        self.live_since: dict[str, datetime] = {}
         #: This group's schedules of the schedules table: every live replica of the group
         #: runs them (they are not in the definition map, which is for deploys).
         self.table: set[str] = set()
+        #: Schedule -> when the longest-running live replica that runs it (this one too)
+        #: started; and which schedules some live replica runs (:attr:`Runners.known`).
+        self.runners = Runners([], [self.schedules], (), None)
         #: The newest revision of the schedules table applied, reported at each heartbeat.
         self.revision = 0
-        #: When the longest-running live replica of this group started.
-        self._group_since: datetime | None = None
         self.live: list[Replica] = []
         self._maps: dict[str, tuple[str, dict[str, str]]] = {}
         self._said: set[tuple[Any, ...]] = set()
@@ -122,10 +121,7 @@ class Membership:
     def follow(self, names: Iterable[str]) -> None:
         """Schedules ``names`` of the table now fire in this replica's group: every live
         replica of the group runs them since the group's longest-running one started."""
-        for name in names:
-            self.known.add(name)
-            if self._group_since is not None:
-                self.live_since[name] = self._group_since
+        self.runners.follow(names)
 
     def _read_clock(self) -> None:
         self._observe(self.registry.database.read_clock())
@@ -145,7 +141,7 @@ class Membership:
             last_seen=None,
             clock_offset=None if offset is None else offset.total_seconds(),
             settings=self._settings(),
-            schedules_digest=replicas.digest(self.schedules),
+            schedules_digest=self.digest,
             schedules_revision=self.revision,
         )
 
@@ -201,31 +197,35 @@ class Membership:
     def _learn(self) -> None:
         me = self.settings.replica
         others = [r for r in self.live if r.name != me]
-        wanted = [r.name for r in others if self._maps.get(r.name, ("",))[0] != r.schedules_digest]
+        wanted = [
+            r.name
+            for r in others
+            if r.schedules_digest != self.digest
+            and self._maps.get(r.name, ("",))[0] != r.schedules_digest
+        ]
         if wanted:
             for name, schedules in self.registry.schedules(wanted).items():
                 self._maps[name] = (replicas.digest(schedules), schedules)
-        maps = {r.name: self._maps[r.name][1] for r in others if r.name in self._maps}
+        maps = {
+            r.name: self.schedules if r.schedules_digest == self.digest else self._maps[r.name][1]
+            for r in others
+            if r.schedules_digest == self.digest or r.name in self._maps
+        }
         maps[me] = self.schedules
-        # This replica too: in cluster coordination it catches up on a shard it takes long
-        # after its boot, and what fell since its boot fell while it was live (at boot, its
-        # own start is now).
-        self.live_since = {}
-        for r in self.live:
-            started = r.started_at
-            if started is None:
-                continue
-            for name in maps.get(r.name, {}):
-                self.live_since[name] = min(self.live_since.get(name, started), started)
         group = [
             r.started_at
             for r in self.live
             if r.started_at is not None and _group(r) == self.settings.group
         ]
-        self._group_since = min(group) if group else None
-        if self._group_since is not None:  # every live replica of the group runs the table's
-            self.live_since.update(dict.fromkeys(self.table, self._group_since))
-        self.known = set().union(*maps.values(), self.table)
+        # This replica too: in cluster coordination it catches up on a shard it takes long
+        # after its boot, and what fell since its boot fell while it was live (at boot, its
+        # own start is now).
+        self.runners = Runners(
+            [(r.started_at, maps[r.name]) for r in self.live if r.name in maps],
+            list(maps.values()),
+            self.table,
+            min(group) if group else None,
+        )
         mine = next((r for r in self.live if r.name == me), None)
         newer = [
             (r.name, maps.get(r.name, {}))
@@ -284,6 +284,62 @@ class Membership:
         if key not in self._said:
             self._said.add(key)
             logger.warning(message, *args, extra=extra)
+
+
+class Runners:
+    """:meth:`get`: when the longest-running live replica that runs a schedule started (a
+    schedule of the group's table: when the group's longest-running replica did), from the
+    live replicas' definition maps as the registry gave them; and :attr:`known`, the
+    schedules some live replica runs.
+
+    Each name is looked up when asked, in the few maps: built for every schedule at each
+    change of the live replicas, a million schedules on three replicas took seconds, the
+    heartbeat came late, the others counted the replica gone and changed too. Not a mapping,
+    so that nothing walks it by accident.
+    """
+
+    def __init__(
+        self,
+        started: list[tuple[datetime | None, Mapping[str, str]]],
+        every: list[Mapping[str, str]],
+        table: Iterable[str],
+        group_since: datetime | None,
+    ) -> None:
+        """``started``: each live replica's start and definition map; ``every``: the maps of
+        the live replicas whose map is known, this one's too; ``table``: the group's
+        schedules of the schedules table, run by every live replica of the group since
+        ``group_since``."""
+        #: Oldest start first (a replica with no start says nothing of when).
+        self._maps = sorted(
+            ((at, schedules) for at, schedules in started if at is not None), key=lambda m: m[0]
+        )
+        #: The table's schedules, and those that came into it since (:meth:`follow`).
+        self._table = set(table)
+        self._group_since = group_since
+        self.known = _Known([*every, self._table])
+
+    def follow(self, names: Iterable[str]) -> None:
+        """Schedules ``names`` of the table now fire in this group: every live replica of
+        the group runs them since the group's longest-running one started."""
+        self._table.update(names)
+
+    def get(self, name: str, /) -> datetime | None:
+        if self._group_since is not None and name in self._table:
+            return self._group_since
+        for started, schedules in self._maps:
+            if name in schedules:
+                return started
+        return None
+
+
+class _Known:
+    """The schedules in any of a few sets, looked up when asked."""
+
+    def __init__(self, sets: list[Mapping[str, str] | set[str]]) -> None:
+        self._sets = sets
+
+    def __contains__(self, name: object) -> bool:
+        return any(name in s for s in self._sets)
 
 
 def _group(replica: Replica) -> str:

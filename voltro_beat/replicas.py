@@ -141,7 +141,7 @@ def renames(maps: Mapping[str, Mapping[str, str]]) -> list[tuple[str, str, str, 
     """
     found: list[tuple[str, str, str, str]] = []
     every = list(maps.values())
-    if all(other == every[0] for other in every[1:]):
+    if all(other is every[0] or other == every[0] for other in every[1:]):
         return found  # every replica runs the same schedules (and one replica renames nothing)
     # definition -> the set of replicas that run it under a name -> those names
     groups: dict[str, dict[frozenset[str], list[str]]] = {}

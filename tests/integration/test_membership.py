@@ -263,3 +263,31 @@ def test_a_heartbeat_judges_who_is_live_as_of_itself(
     answer = registry.heartbeat("one", None, timedelta(seconds=10))
     assert answer is not None
     assert [r.name for r in answer[1]] == ["one", "two"]
+
+
+def test_the_map_of_a_replica_with_the_same_definitions_is_not_read(
+    replicas: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a million schedules each replica's definition map is 48 MB of JSON, and reading and
+    walking the others' at each change of the live replicas took seconds: a replica whose
+    digest is this one's runs the same definitions, so its map is this one's. One that
+    differs is read, once."""
+    schedule = {"s": every_second(), "t": every_second()}
+    a = replicas("a", schedule=schedule)
+    b = replicas("b", schedule=schedule)
+    c = replicas("c", schedule={"s": every_second(args=[2])})
+    read: list[list[str]] = []
+    registry = a._engine.membership.registry
+    schedules = registry.schedules
+
+    def reading(names: list[str]) -> Any:
+        read.append(sorted(names))
+        return schedules(names)
+
+    monkeypatch.setattr(registry, "schedules", reading)
+    for n, replica in enumerate([a, b, c, a, b, a]):
+        tick(replica, sec(n / 10))
+    tick(a, sec(1.5))
+    assert read == [["c"]]
+    runners = a._engine.membership.runners
+    assert "t" in runners.known and "s" in runners.known and "u" not in runners.known

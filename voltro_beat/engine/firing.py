@@ -319,7 +319,7 @@ class Engine:
         what fell since, fell while a replica was live; what fell before a shard's previous
         owner released it was that live replica's. An external entry is fired by
         `voltro-beat trigger` alone: no catch-up (its untriggered occurrences stay gaps)."""
-        live = self.membership.live_since
+        live = self.membership.runners
         self.recorder.owe(
             [
                 self.entries[n]

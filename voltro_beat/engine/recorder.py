@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from voltro_beat import catchup, logs
 from voltro_beat.coordination import Coordination
@@ -40,6 +41,13 @@ BATCH = 10_000
 #: million burst met its leases at the fence 10 s after the instant, and the rest of it went
 #: through recovery, at a third of the speed, while the replica was healthy and busy.
 WRITE_COST = timedelta(microseconds=200)
+
+
+class Since(Protocol):
+    """Schedule -> an instant, for the names asked (a dict, or the registry's
+    :class:`~voltro_beat.membership.Runners`)."""
+
+    def get(self, name: str, /) -> datetime | None: ...
 
 
 def run_of(entry: Entry, at: datetime, now: datetime, down: datetime | None) -> Run:
@@ -150,8 +158,8 @@ class Recorder:
         self,
         entries: list[Entry],
         now: datetime,
-        live_since: Mapping[str, datetime],
-        since: Mapping[str, datetime] | None,
+        live_since: Since,
+        since: Since | None,
         live_until: Mapping[str, datetime],
     ) -> None:
         """Owe a catch-up of ``entries`` as things stand ``now`` (:meth:`catch_up`'s
@@ -203,8 +211,8 @@ class Recorder:
         self,
         entries: Sequence[Entry],
         now: datetime,
-        live_since: Mapping[str, datetime],
-        since: Mapping[str, datetime] | None = None,
+        live_since: Since,
+        since: Since | None = None,
         live_until: Mapping[str, datetime] | None = None,
     ) -> list[Run]:
         """At boot (in ``cluster`` coordination, when this replica takes their shard): the
@@ -218,7 +226,7 @@ class Recorder:
         last = self._store.last_scheduled([e.name for e in entries])
         backfill: list[Run] = []
         for entry in entries:
-            start = last.get(entry.name, (since or {}).get(entry.name))
+            start = last.get(entry.name, None if since is None else since.get(entry.name))
             floor = self._floors.get(entry.name)
             if floor is not None and (start is None or start < floor):
                 start = floor
@@ -315,8 +323,8 @@ class _Owed:
 
     entries: list[Entry]
     now: datetime
-    live_since: Mapping[str, datetime]
-    since: Mapping[str, datetime] | None
+    live_since: Since
+    since: Since | None
     live_until: Mapping[str, datetime]
     runs: list[Run] = field(default_factory=list)
     #: Whether :meth:`Recorder.settle` began it (from its ``start``).

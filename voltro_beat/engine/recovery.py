@@ -54,7 +54,7 @@ def recover(
     budget = min(SLICE, lease.total_seconds() / 2)
     mine = schedules if not membership.yielded else set(schedules) - membership.yielded.keys()
     while True:
-        expired = store.expire(known=membership.known, limit=dispatcher.chunk)
+        expired = store.expire(known=membership.runners.known, limit=dispatcher.chunk)
         metrics.missed(expired)
         for reason in sorted({r.reason or "" for r in expired}):
             count = sum(1 for r in expired if r.reason == reason)
