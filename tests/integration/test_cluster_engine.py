@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from beat_kit import fail_once, rows, sec, tick
 
 from voltro_beat.exceptions import StoreError
 from voltro_beat.shards import assign
+from voltro_beat.store import tables
 
 #: One shard: whichever replica the assignment names owns every schedule.
 CLUSTER = {"voltro_beat_coordination": "cluster", "voltro_beat_shards": 1}
@@ -235,3 +237,28 @@ def test_a_replica_s_timeline_holds_the_schedules_of_its_shards_alone(
     assert {(f"s{n:02d}", found[f"s{n:02d}@{at}"].replica) for n in range(20)} == {
         (name, "b") for name in schedule
     }
+
+
+def test_a_step_whose_claim_outlasts_the_heartbeat_interval_heartbeats_before_its_upkeep(
+    replicas: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a million schedules a replica's claim statement took seconds; the heartbeat came
+    only at the start of the next step, after the recovery slice, and the shards' leases
+    ran out under a replica that was working (``lost shards``, taken back at once, caught
+    up on again). Now a step heartbeats again after its claims when one came due meanwhile:
+    the registry row and the shard's lease run from the end of the claim."""
+    a = replicas("a", **CLUSTER)
+    tick(a, sec(0.2))  # boots and takes the one shard
+    claim = a._store.claim
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        a._store.database.clock = lambda: sec(4.5)  # the statement took 3 s
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(a._store, "claim", slow)
+    tick(a, sec(1.5))
+
+    with sa.create_engine(store_url).connect() as conn:
+        seen = conn.execute(sa.select(tables.replicas.c.last_seen)).scalar_one()
+        lease = conn.execute(sa.select(tables.shards.c.lease_until)).scalar_one()
+    assert (seen, lease) == (sec(4.5), sec(14.5))

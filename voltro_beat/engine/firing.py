@@ -189,16 +189,7 @@ class Engine:
         # What is due first (the heartbeat before claims: it says which schedules are
         # yielded to a newer replica); the rest of the step is upkeep.
         self.ready.publish()
-        if clock.now() >= self._next_heartbeat and not self._step_aside():
-            changed, gained = self.gate.beat()
-            if changed:
-                self.timeline.requeue()
-            now = clock.now()
-            self._owe(gained, now, taken_over=True)
-            self.upkeep.prepare(self._start(gained, now))
-            self.unserved.record(self.membership.live, clock.now())
-            self.upkeep.health.touch()
-            self._next_heartbeat = clock.now() + self.membership.interval
+        self._heartbeat()
         self._catch_up()
         self._fire_due(clock.now())
         # After what is due: an occurrence of a definition that changed since, due before the
@@ -207,10 +198,29 @@ class Engine:
         if clock.now() >= self._next_poll:
             self._follow_table(boot=False)
         self.ready.publish()
+        # Again if the claims and publishing took longer than the heartbeat's interval: the
+        # registry row and the shards' leases are renewed before the upkeep (a recovery slice).
+        self._heartbeat()
         if self.guard.queues:
             self.guard.promote(clock.now(), self.dispatch, self.lease)
         self.upkeep.run(self._room)
         return self._wake(clock.now())
+
+    def _heartbeat(self) -> None:
+        """Heartbeat, if one is due: the registry row, the replicas live, and in ``cluster``
+        coordination the shards (a catch-up owed of those taken)."""
+        clock = self.clock
+        if clock.now() < self._next_heartbeat or self._step_aside():
+            return
+        changed, gained = self.gate.beat()
+        if changed:
+            self.timeline.requeue()
+        now = clock.now()
+        self._owe(gained, now, taken_over=True)
+        self.upkeep.prepare(self._start(gained, now))
+        self.unserved.record(self.membership.live, clock.now())
+        self.upkeep.health.touch()
+        self._next_heartbeat = clock.now() + self.membership.interval
 
     def _step_aside(self) -> bool:
         """In ``cluster`` coordination, once the store has failed every step for a lease (a
