@@ -198,3 +198,29 @@ def test_a_schedule_added_to_a_shard_held_fires_in_cluster_coordination(
     edit(sec(1.2)).add("live", EVERY_SECOND, by="ana")
     run([r1], 1.5, 4)
     assert seconds(fired(store_url)) == [2, 3, 4]
+
+
+def test_an_edit_before_the_schedule_s_template_is_built_sends_the_new_definition(
+    replicas: Any,
+    store_url: str,
+    edit: Callable[[datetime], ScheduleTable],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The templates are built after boot, soonest first, one a step here. 'live' changes
+    # while its template waits: the one built must be its new definition's, not the
+    # definition it booted with (kept under its name, that one sent the old arguments).
+    from voltro_beat.engine import upkeep
+
+    monkeypatch.setattr(upkeep, "PREPARE_SLICE", 0.0)
+    table = edit(sec(0))
+    table.add("ahead", EVERY_SECOND, by="ana")
+    added = table.add("live", {**EVERY_SECOND, "schedule": "*/5 * * * * *", "args": [1]}, by="ana")
+    r1 = replicas("r1", schedule=HOURLY)
+    tick(r1, sec(0.5))  # boot: the template of 'ahead' (due first)
+    assert sorted(r1._engine.publisher.templates.prepared) == ["ahead"]
+    edit(sec(0.6)).set(
+        "live", {**EVERY_SECOND, "schedule": "*/5 * * * * *", "args": [2]}, revision=added.revision
+    )
+    run([r1], 1, 5.5)
+    sent = [h["argsrepr"] for h in drain(r1.app) if h["voltro_occurrence"].startswith("live@")]
+    assert sent == ["[2]"]

@@ -100,7 +100,12 @@ class Upkeep:
         # One template at a time: on a loaded host a batch could run into a claim.
         until = clock.monotonic() + PREPARE_SLICE
         while self._unprepared and room():
-            self._publisher.prepare([self._unprepared.popleft().entry])
+            pending = self._unprepared.popleft()
+            entry = pending.entry
+            # A definition changed since (its pending ended, replaced by the new one's) is
+            # not built: its template would be kept under the schedule's name.
+            if pending.live and self._entries.get(entry.name) is entry:
+                self._publisher.prepare([entry])
             if clock.monotonic() >= until:
                 break
 
