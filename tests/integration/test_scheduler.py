@@ -858,3 +858,27 @@ def test_message_templates_are_built_a_slice_at_a_time(
     assert [tick(r1, sec(0.6)), len(built)] == [0, 2]
     assert tick(r1, sec(0.7)) > 0
     assert sorted(built) == ["s0", "s1", "s2"]
+
+
+def test_a_message_template_is_built_once_its_schedule_is_due_within_prepare_ahead(
+    replicas: Any,
+) -> None:
+    # A replica holding 100,000 schedules of which few are due soon spent seconds of CPU and
+    # the memory of every template at boot: the hourly one's waits for its hour to be near.
+    from voltro_beat.engine.upkeep import PREPARE_AHEAD
+
+    schedule = {
+        "minutely": {"task": "proj.work", "schedule": 60.0},
+        "hourly": {"task": "proj.work", "schedule": "0 * * * *"},
+    }
+    r1 = replicas("r1", schedule=schedule)
+    built = r1._engine.publisher.templates.prepared
+    for n in range(4):
+        tick(r1, sec(0.5 + n))
+    assert sorted(built) == ["minutely"]
+    near = (sec(3600) - PREPARE_AHEAD).timestamp() - sec(0).timestamp()
+    for n in range(10):  # (what the minutely one missed meanwhile is recorded first)
+        tick(r1, sec(near - 5 + n / 2))
+    assert sorted(built) == ["minutely"]
+    tick(r1, sec(near))
+    assert sorted(built) == ["hourly", "minutely"]

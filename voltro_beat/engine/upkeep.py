@@ -8,7 +8,9 @@ recovery sweep, a step at a time: it republishes what is already late).
 from __future__ import annotations
 
 import collections
+import heapq
 import logging
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -39,6 +41,10 @@ MEASURE_EVERY = timedelta(seconds=15)
 #: next steps, which come at once. Built all in one step, 100,000 templates hold beat's loop
 #: (its first tick: beat's "ready") for ten seconds or more.
 PREPARE_SLICE = 0.05
+#: A schedule's message template is built once its first occurrence is this close (and kept):
+#: a replica holding 100,000 schedules of which few are due soon builds few of them, and
+#: spends neither the CPU nor the memory on the rest until their day comes.
+PREPARE_AHEAD = timedelta(minutes=10)
 #: A time every clock reading is after: what is due "at" it is due at once.
 LONG_AGO = datetime.min.replace(tzinfo=UTC)
 
@@ -71,15 +77,21 @@ class Upkeep:
         self.next_recovery = LONG_AGO
         self.next_retention = LONG_AGO
         self._next_measure = LONG_AGO
-        #: Schedules whose message templates are not built yet, soonest first.
-        self._unprepared: collections.deque[Pending] = collections.deque()
+        #: Schedules whose message templates are not built yet, by their first instant,
+        #: soonest first.
+        self._unprepared: collections.deque[tuple[datetime, Pending]] = collections.deque()
 
-    def prepare(self, pending: Iterable[Pending]) -> None:
+    def prepare(self, pending: Sequence[Pending]) -> None:
         """Build the message templates of ``pending``'s schedules (at boot, or of a shard
-        taken over), in this order, after those already waiting, as room allows: at 100,000
-        schedules building them all takes minutes, and done at boot it would hold the first
-        occurrences back."""
-        self._unprepared.extend(pending)
+        taken over; soonest first) as their first instant comes within PREPARE_AHEAD and room
+        allows: at 100,000 schedules building them all takes seconds, and done at boot it
+        would hold the first occurrences back."""
+        if not pending:
+            return  # (a heartbeat that took no shard over: the queue stays as it is)
+        firsts = ((p.instants[0], p) for p in pending)
+        self._unprepared = collections.deque(
+            heapq.merge(self._unprepared, firsts, key=operator.itemgetter(0))
+        )
 
     def run(self, room: Callable[[], bool]) -> None:
         clock = self._clock
@@ -99,8 +111,8 @@ class Upkeep:
         self.health.store_up()
         # One template at a time: on a loaded host a batch could run into a claim.
         until = clock.monotonic() + PREPARE_SLICE
-        while self._unprepared and room():
-            pending = self._unprepared.popleft()
+        while self._to_prepare(clock.now()) and room():
+            _, pending = self._unprepared.popleft()
             entry = pending.entry
             # A definition changed since (its pending ended, replaced by the new one's) is
             # not built: its template would be kept under the schedule's name.
@@ -109,11 +121,18 @@ class Upkeep:
             if clock.monotonic() >= until:
                 break
 
+    def _to_prepare(self, now: datetime) -> bool:
+        """Whether the next template to build is due (PREPARE_AHEAD)."""
+        return bool(self._unprepared) and self._unprepared[0][0] - PREPARE_AHEAD <= now
+
     def wake(self, now: datetime, room: bool) -> datetime:
         """When upkeep next wants a step (``room``: whether it may run at ``now``)."""
-        if (self.sweeper.busy or self._unprepared) and room:
+        if (self.sweeper.busy or self._to_prepare(now)) and room:
             return now  # the next batch of the retention sweep, the next templates
-        return min(self.next_recovery, self.next_retention)
+        wake = min(self.next_recovery, self.next_retention)
+        if self._unprepared and not self._to_prepare(now):
+            wake = min(wake, self._unprepared[0][0] - PREPARE_AHEAD)
+        return wake
 
     def recover(self) -> bool:
         """A recovery sweep's slice (:mod:`voltro_beat.engine.recovery`); returns whether the
