@@ -55,12 +55,12 @@ class Dispatcher:
             self.calls.append("settle")
 
 
-def ready(fence_takes: float) -> tuple[Ready, Dispatcher, Clock]:
+def ready(fence_takes: float, ahead: int = 10_000) -> tuple[Ready, Dispatcher, Clock]:
     clock = Clock(T0 - timedelta(seconds=1))
     dispatch = Dispatcher(clock, timedelta(seconds=fence_takes))
     timeline = Timeline(LEASE, (), lambda name: False, lambda name: True)
-    timeline.lead_for(10_000)  # a claim lead of 3.25 s: fenced 1.625 s ahead
-    queue = Ready(dispatch, clock, timeline, LEASE)  # type: ignore[arg-type]
+    timeline.lead_for(ahead)  # 10,000: a claim lead of 3.25 s, fenced 1.625 s ahead
+    queue = Ready(dispatch, clock, timeline)  # type: ignore[arg-type]
     for name in "abcd":
         queue.push(Occurrence(name, T0, f"{name}@0", f"id-{name}"))
     return queue, dispatch, clock
@@ -80,6 +80,15 @@ def test_a_burst_fenced_ahead_is_written_at_its_instant() -> None:
     clock.t = T0
     queue.publish()
     assert dispatch.calls[4:] == ["write a", "write b", "write c", "write d", "settle"]
+
+
+def test_a_burst_claimed_30_s_ahead_is_fenced_15_s_ahead() -> None:
+    # At 100,000 schedules the claim lead is 30 s. Capped at a quarter lease (2.5 s ahead),
+    # the fences of such a burst ran on past its boundary, between its writes.
+    queue, dispatch, clock = ready(fence_takes=0.1, ahead=100_000)
+    clock.t = T0 - timedelta(seconds=15)
+    queue.publish()
+    assert dispatch.calls == ["fence a", "fence b", "fence c", "fence d"]
 
 
 def test_fencing_stops_once_the_first_fenced_chunk_is_due() -> None:

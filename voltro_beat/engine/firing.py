@@ -152,7 +152,7 @@ class Engine:
         #: Whether a step is under way (a close() asked for meanwhile waits for its end).
         self._stepping = False
         #: What this replica won ahead: fenced shortly before its instant, published at it.
-        self.ready = Ready(self.dispatch, clock, self.timeline, self.lease)
+        self.ready = Ready(self.dispatch, clock, self.timeline)
         self._next_heartbeat = LONG_AGO
         self._next_poll = LONG_AGO
         #: When this replica first joined the registry (a boot retried joins again).
