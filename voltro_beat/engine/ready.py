@@ -103,8 +103,10 @@ class Ready:
 
     @property
     def waiting(self) -> int:
-        """The occurrences won ahead and not fenced yet."""
-        return len(self._ready)
+        """The occurrences won ahead and not written yet (fenced or not): what this replica
+        holds to publish before whatever it claims next (the claims' leases run longer by
+        it, :mod:`voltro_beat.engine.recorder`)."""
+        return len(self._ready) + sum(len(fenced.occurrences) for fenced in self._armed)
 
     @property
     def fence_lead(self) -> timedelta:
@@ -140,7 +142,7 @@ class Ready:
                 self.publish()
         except Exception as exc:  # a stopping beat must still stop
             logger.warning("voltro_beat: could not publish claimed runs at close: %s", exc)
-        left = len(self._ready) + sum(len(fenced.occurrences) for fenced in self._armed)
+        left = self.waiting
         if left:
             logger.warning(
                 "voltro_beat: %d claimed runs left for another replica's recovery sweep",
