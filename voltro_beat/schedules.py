@@ -159,6 +159,22 @@ def to_spec(
     return IntervalSpec(spec.every_us, _aware_ms_us(anchor, entry, "anchor"))
 
 
+def _shared_spec(
+    value: object,
+    entry: str,
+    tz: str | None,
+    specs: dict[tuple[object, str | None], tuple[object, Spec]],
+) -> Spec:
+    """``to_spec``, once per schedule object (by identity) or cron string, and zone, among
+    the entries ``specs`` is kept for. It keeps each object too: an identity is not reused
+    while ``specs`` lives."""
+    key = (value if isinstance(value, str) else id(value), tz)
+    kept = specs.get(key)
+    if kept is None:
+        kept = specs[key] = (value, to_spec(value, entry=entry, tz=tz))
+    return kept[1]
+
+
 def cadence(spec: Spec) -> timedelta | None:
     """Typical spacing between occurrences (``None`` for a one-off).
 
@@ -225,11 +241,21 @@ def parse_entries(
     ``overlap_timeout``, ``trigger``, ``group``); any other key is an error, so typos do not pass
     silently. ``tz`` is the app's timezone and ``max_lateness`` the default for entries that
     set none.
+
+    Entries of one schedule object (or one cron string) in one zone share one spec: it is
+    validated once, and a replica of 100,000 generated schedules holds a handful of specs.
     """
-    return tuple(_entry(name, raw, tz, max_lateness) for name, raw in beat_schedule.items())
+    specs: dict[tuple[object, str | None], tuple[object, Spec]] = {}
+    return tuple(_entry(name, raw, tz, max_lateness, specs) for name, raw in beat_schedule.items())
 
 
-def _entry(name: object, raw: object, app_tz: str | None, max_lateness: timedelta) -> Entry:
+def _entry(
+    name: object,
+    raw: object,
+    app_tz: str | None,
+    max_lateness: timedelta,
+    specs: dict[tuple[object, str | None], tuple[object, Spec]],
+) -> Entry:
     name = check_name(name)
     if name.startswith(RESERVED_PREFIX):
         raise ConfigurationError(
@@ -272,10 +298,15 @@ def _entry(name: object, raw: object, app_tz: str | None, max_lateness: timedelt
                     f"{key} applies to entries beat fires; this one has trigger='external'",
                     **_at(name, key),
                 )
+    anchor = raw.get("anchor")
+    if anchor is None and isinstance(entry_tz, str | None):
+        spec = _shared_spec(raw["schedule"], name, entry_tz, specs)
+    else:
+        spec = to_spec(raw["schedule"], entry=name, tz=entry_tz, anchor=anchor)
     return Entry(
         name=name,
         task=task,
-        spec=to_spec(raw["schedule"], entry=name, tz=entry_tz, anchor=raw.get("anchor")),
+        spec=spec,
         args=tuple(args),
         kwargs=_read_only(raw.get("kwargs"), name, "kwargs"),
         options=_read_only(raw.get("options"), name, "options"),

@@ -235,6 +235,18 @@ def test_parse_entries_defaults() -> None:
     assert (entry.catch_up, entry.on_overlap, entry.overlap_timeout) == ("latest", "allow", None)
 
 
+def test_entries_of_one_schedule_object_share_one_spec() -> None:
+    # Generated schedules (100,000 of them, say) reuse a handful of schedule objects: each is
+    # validated once, and the replica holds one spec per object and zone.
+    every, daily = timedelta(seconds=30), celery_schedules.crontab(minute=0, hour=3)
+    raw = {f"e{n}": {"task": "t", "schedule": every if n % 2 else daily} for n in range(4)}
+    raw["tokyo"] = {"task": "t", "schedule": daily, "tz": "Asia/Tokyo"}
+    e0, e1, e2, e3, tokyo = parse_entries(raw, tz=None, max_lateness=HOUR)
+    assert e1.spec is e3.spec == IntervalSpec(30_000_000)
+    assert e0.spec is e2.spec
+    assert tokyo.spec == CronSpec("0 3 * * *", "Asia/Tokyo", False, False, False)
+
+
 def test_entry_anchor_shifts_the_interval() -> None:
     anchor = datetime(2024, 1, 1, 0, 0, 7, tzinfo=UTC)
     (entry,) = entries(anchor=anchor)
