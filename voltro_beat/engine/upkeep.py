@@ -88,10 +88,10 @@ class Upkeep:
         would hold the first occurrences back."""
         if not pending:
             return  # (a heartbeat that took no shard over: the queue stays as it is)
-        firsts = ((p.instants[0], p) for p in pending)
-        self._unprepared = collections.deque(
-            heapq.merge(self._unprepared, firsts, key=operator.itemgetter(0))
-        )
+        firsts = [(p.instants[0], p) for p in pending]
+        if self._unprepared:  # (at boot it is empty: no merge of 100,000)
+            firsts = list(heapq.merge(self._unprepared, firsts, key=operator.itemgetter(0)))
+        self._unprepared = collections.deque(firsts)
 
     def run(self, room: Callable[[], bool]) -> None:
         clock = self._clock
